@@ -1,0 +1,36 @@
+// Memory accounting per device. Every tensor buffer is allocated through allocate_bytes(), so
+// the counters see all of it. On the CPU "reserved" equals "used"; a device backend whose
+// allocator keeps a pool reports its own reserved bytes through set_reserved_hook().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+#include "core/dtype.h"
+
+namespace ft {
+
+struct MemoryStats {
+  int64_t used_bytes = 0;           // live bytes now
+  int64_t peak_used_bytes = 0;      // high-water mark of used since the last reset
+  int64_t peak_reserved_bytes = 0;  // high-water mark of reserved since the last reset
+};
+
+void* allocate_bytes(Device device, size_t nbytes);
+void free_bytes(Device device, void* ptr, size_t nbytes);
+
+MemoryStats memory_stats(Device device);
+void reset_peak_memory(Device device);  // peaks restart from the current usage
+
+// Device backends (CUDA) register how they allocate, free and report reserved memory.
+struct DeviceAllocator {
+  std::function<void*(size_t)> allocate;
+  std::function<void(void*)> free;
+  std::function<int64_t()> peak_reserved;  // since the last reset
+  std::function<void()> reset_peak;
+};
+void register_device_allocator(Device device, DeviceAllocator allocator);
+bool has_device_allocator(Device device);
+
+}  // namespace ft

@@ -1,0 +1,240 @@
+#include "core/tensor.h"
+
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "core/memory.h"
+
+namespace ft {
+
+size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::f32:
+      return 4;
+    case DType::bf16:
+      return 2;
+    case DType::f64:
+      return 8;
+    case DType::i32:
+      return 4;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::f32:
+      return "fp32";
+    case DType::bf16:
+      return "bf16";
+    case DType::f64:
+      return "fp64";
+    case DType::i32:
+      return "int32";
+  }
+  return "?";
+}
+
+DType parse_dtype(const std::string& s) {
+  if (s == "fp32" || s == "f32" || s == "float32") return DType::f32;
+  if (s == "bf16" || s == "bfloat16") return DType::bf16;
+  if (s == "fp64" || s == "f64" || s == "float64") return DType::f64;
+  if (s == "int32" || s == "i32") return DType::i32;
+  throw Error(str("unknown dtype '", s, "' (allowed: fp32, bf16, fp64, int32)"));
+}
+
+const char* device_name(Device d) {
+  return d == Device::cpu ? "cpu" : "cuda";
+}
+
+Device parse_device(const std::string& s) {
+  if (s == "cpu") return Device::cpu;
+  if (s == "cuda" || s == "gpu") return Device::cuda;
+  throw Error(str("unknown device '", s, "' (allowed: cpu, cuda)"));
+}
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string shape_str(const Shape& shape) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << "]";
+  return os.str();
+}
+
+Storage::Storage(Device device, size_t nbytes)
+    : device_(device), nbytes_(nbytes), data_(allocate_bytes(device, nbytes)) {}
+
+Storage::~Storage() {
+  free_bytes(device_, data_, nbytes_);
+}
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  for (int64_t d : shape) FT_CHECK(d >= 0, "negative dimension in shape ", shape_str(shape));
+  Tensor t;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.device_ = device;
+  t.storage_ = std::make_shared<Storage>(device, t.nbytes());
+  return t;
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  t.zero();
+  return t;
+}
+
+int64_t Tensor::dim(int i) const {
+  const int n = ndim();
+  if (i < 0) i += n;
+  FT_CHECK(i >= 0 && i < n, "dimension ", i, " out of range for shape ", shape_str(shape_));
+  return shape_[static_cast<size_t>(i)];
+}
+
+void* Tensor::raw() const {
+  FT_CHECK(defined(), "access to an undefined tensor");
+  return static_cast<char*>(storage_->data()) + offset_bytes_;
+}
+
+Tensor Tensor::view(const Shape& shape) const {
+  FT_CHECK(shape_numel(shape) == numel(), "cannot view ", shape_str(shape_), " as ",
+           shape_str(shape));
+  Tensor t = *this;
+  t.shape_ = shape;
+  return t;
+}
+
+Tensor Tensor::slice(int64_t begin, int64_t end) const {
+  FT_CHECK(ndim() >= 1, "slice of a 0-d tensor");
+  FT_CHECK(0 <= begin && begin <= end && end <= shape_[0], "slice [", begin, ", ", end,
+           ") out of range for shape ", shape_str(shape_));
+  Tensor t = *this;
+  const int64_t row = numel() / std::max<int64_t>(shape_[0], 1);
+  t.offset_bytes_ += static_cast<size_t>(begin * row) * dtype_size(dtype_);
+  t.shape_[0] = end - begin;
+  return t;
+}
+
+namespace {
+
+template <class Dst, class Src>
+void convert(Dst* dst, const Src* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) store(dst[i], load(src[i]));
+}
+
+void require_cpu(const Tensor& t, const char* what) {
+  FT_CHECK(t.device() == Device::cpu, what, " needs a CPU tensor, got ", device_name(t.device()));
+}
+
+}  // namespace
+
+Tensor Tensor::clone() const {
+  Tensor t = empty(shape_, dtype_, device_);
+  t.copy_from(*this);
+  return t;
+}
+
+Tensor Tensor::to(DType dtype) const {
+  Tensor t = empty(shape_, dtype, device_);
+  t.copy_from(*this);
+  return t;
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  FT_CHECK(src.numel() == numel(), "copy_from: ", shape_str(src.shape()), " into ",
+           shape_str(shape_));
+  require_cpu(*this, "copy_from");
+  require_cpu(src, "copy_from");
+  if (src.dtype() == dtype_) {
+    std::memcpy(raw(), src.raw(), nbytes());
+    return;
+  }
+  FT_CHECK(dtype_ != DType::i32 && src.dtype() != DType::i32, "cannot convert ",
+           dtype_name(src.dtype()), " to ", dtype_name(dtype_));
+  dispatch_float(dtype_, [&](auto d) {
+    using D = decltype(d);
+    dispatch_float(src.dtype(), [&](auto s) {
+      using S = decltype(s);
+      convert(data<D>(), src.data<S>(), numel());
+    });
+  });
+}
+
+void Tensor::fill(double value) {
+  require_cpu(*this, "fill");
+  if (dtype_ == DType::i32) {
+    int32_t* p = data<int32_t>();
+    for (int64_t i = 0; i < numel(); ++i) p[i] = static_cast<int32_t>(value);
+    return;
+  }
+  dispatch_float(dtype_, [&](auto d) {
+    using D = decltype(d);
+    D* p = data<D>();
+    for (int64_t i = 0; i < numel(); ++i) store(p[i], value);
+  });
+}
+
+void Tensor::zero() {
+  if (device_ == Device::cpu) {
+    std::memset(raw(), 0, nbytes());
+    return;
+  }
+  throw Error("Tensor::zero on a device tensor needs the device backend");
+}
+
+namespace {
+
+template <class F>
+void for_pairs(const Tensor& a, const Tensor& b, F&& f) {
+  FT_CHECK(a.numel() == b.numel(), "compare: ", shape_str(a.shape()), " vs ", shape_str(b.shape()));
+  require_cpu(a, "compare");
+  require_cpu(b, "compare");
+  const Tensor a64 = a.to(DType::f64);
+  const Tensor b64 = b.to(DType::f64);
+  const double* pa = a64.data<double>();
+  const double* pb = b64.data<double>();
+  for (int64_t i = 0; i < a.numel(); ++i) f(pa[i], pb[i]);
+}
+
+}  // namespace
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  double m = 0.0;
+  for_pairs(a, b, [&](double x, double y) {
+    const double d = std::fabs(x - y);
+    m = (d > m || std::isnan(d)) ? d : m;
+  });
+  return m;
+}
+
+double relative_error(const Tensor& a, const Tensor& b) {
+  double num = 0.0, den = 0.0;
+  for_pairs(a, b, [&](double x, double y) {
+    num += (x - y) * (x - y);
+    den += y * y;
+  });
+  if (den == 0.0) return std::sqrt(num);
+  return std::sqrt(num / den);
+}
+
+bool all_finite(const Tensor& t) {
+  require_cpu(t, "all_finite");
+  if (t.dtype() == DType::i32) return true;
+  bool ok = true;
+  dispatch_float(t.dtype(), [&](auto d) {
+    using D = decltype(d);
+    const D* p = t.data<D>();
+    for (int64_t i = 0; i < t.numel() && ok; ++i)
+      ok = std::isfinite(static_cast<double>(load(p[i])));
+  });
+  return ok;
+}
+
+}  // namespace ft

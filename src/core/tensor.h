@@ -1,0 +1,88 @@
+// Tensor: a shape, a dtype, a device and a view into reference-counted contiguous storage.
+// Tensors are always contiguous (row-major); views share storage with their parent.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace ft {
+
+using Shape = std::vector<int64_t>;
+
+int64_t shape_numel(const Shape& shape);
+std::string shape_str(const Shape& shape);  // "[2, 3, 4]"
+
+class Storage {
+ public:
+  Storage(Device device, size_t nbytes);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  size_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+
+ private:
+  Device device_;
+  size_t nbytes_;
+  void* data_;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+
+  static Tensor empty(const Shape& shape, DType dtype, Device device = Device::cpu);
+  static Tensor zeros(const Shape& shape, DType dtype, Device device = Device::cpu);
+
+  bool defined() const { return storage_ != nullptr; }
+  const Shape& shape() const { return shape_; }
+  int64_t dim(int i) const;  // negative i counts from the end
+  int ndim() const { return static_cast<int>(shape_.size()); }
+  int64_t numel() const { return shape_numel(shape_); }
+  DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
+
+  void* raw() const;
+  template <class T>
+  T* data() const {
+    FT_CHECK(dtype_of<T>::value == dtype_, "tensor holds ", dtype_name(dtype_), ", accessed as ",
+             dtype_name(dtype_of<T>::value));
+    return static_cast<T*>(raw());
+  }
+
+  // Same storage, new shape with the same number of elements.
+  Tensor view(const Shape& shape) const;
+  // Rows [begin, end) along the first dimension, sharing storage.
+  Tensor slice(int64_t begin, int64_t end) const;
+
+  // Copies (CPU only for now; a device backend adds transfers).
+  Tensor clone() const;
+  Tensor to(DType dtype) const;       // converts between float dtypes on the CPU
+  void copy_from(const Tensor& src);  // same shape; converts dtype on the CPU
+  void fill(double value);            // CPU only
+  void zero();
+
+ private:
+  std::shared_ptr<Storage> storage_;
+  size_t offset_bytes_ = 0;
+  Shape shape_;
+  DType dtype_ = DType::f32;
+  Device device_ = Device::cpu;
+};
+
+// CPU helpers used by tests and tools.
+double max_abs_diff(const Tensor& a, const Tensor& b);
+// ||a - b|| / ||b|| over all elements, computed in double.
+double relative_error(const Tensor& a, const Tensor& b);
+bool all_finite(const Tensor& t);
+
+}  // namespace ft

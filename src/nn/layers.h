@@ -1,0 +1,87 @@
+// Layers with explicit forward and backward passes, on Tensors.
+//
+// Conventions (every function here follows them):
+// - Activations and weights are in the compute dtype: fp32, bf16 or fp64 (fp64 for gradient
+//   checks). Arithmetic accumulates in acc_t<T> (fp32 for fp32 and bf16, fp64 for fp64).
+// - Parameter gradients (dw, db, ...) are in the accumulation dtype (fp32, or fp64 when the
+//   compute dtype is fp64) and are ACCUMULATED (+=), so micro-batches add up.
+// - Input gradients (dx, dinp, ...) are WRITTEN (=). An undefined input-gradient tensor means
+//   "not needed" and is skipped.
+// - Shapes are checked; a mismatch throws ft::Error naming both shapes.
+// - Only the CPU is implemented here; other devices dispatch from the same entry points.
+#pragma once
+
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace ft::nn {
+
+// Token + optional learned position embedding.
+// tokens int32 [B, T]; wte [V, C]; wpe [maxT, C] or undefined; out [B, T, C].
+void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe);
+// Deterministic: each embedding row sums its contributions in token order (no atomics).
+void embedding_backward(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Tensor& tokens);
+
+// out [N, OC] = inp [N, IC] @ w [OC, IC]^T + b [OC] (b may be undefined). Leading dims of inp
+// and out are flattened into N.
+void linear_forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tensor& b);
+// dinp = dout @ w; dw += dout^T @ inp; db += sum over rows of dout (db may be undefined).
+void linear_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp,
+                     const Tensor& w);
+
+// LayerNorm over the last dimension C. mean, rstd: [N] in the accumulation dtype (saved for
+// backward).
+void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& w,
+                       const Tensor& b, double eps);
+void layernorm_backward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& x,
+                        const Tensor& w, const Tensor& mean, const Tensor& rstd);
+
+// RMSNorm over the last dimension: out = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps).
+void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& w, double eps);
+void rmsnorm_backward(Tensor& dx, Tensor& dw, const Tensor& dout, const Tensor& x, const Tensor& w,
+                      const Tensor& rstd);
+
+// GELU, tanh approximation (GPT-2's).
+void gelu_forward(Tensor& out, const Tensor& x);
+void gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x);
+
+// SwiGLU: out = silu(gate) * up, all the same shape.
+void swiglu_forward(Tensor& out, const Tensor& gate, const Tensor& up);
+void swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
+                     const Tensor& up);
+
+// Rotary position embedding on x [B, T, H, D], rotating interleaved pairs (x[2i], x[2i+1]) by
+// angle t * freq_i (Meta's and llm.c's layout). The table holds cos and sin [maxT, D/2] in fp64
+// and is built once per model.
+struct RopeTable {
+  Tensor cos, sin;  // fp64 [max_seq_len, head_dim / 2]
+  int64_t max_seq_len = 0, head_dim = 0;
+};
+// freq_i = theta^(-2i/D); llama31_scaling applies Llama 3.1's frequency scaling
+// (factor 8, low/high frequency factors 1 and 4, original context 8192).
+RopeTable make_rope_table(int64_t max_seq_len, int64_t head_dim, double theta,
+                          bool llama31_scaling);
+void rope_forward(Tensor& out, const Tensor& x, const RopeTable& table);     // out may alias x
+void rope_backward(Tensor& dx, const Tensor& dout, const RopeTable& table);  // dx may alias dout
+
+// Split a fused projection qkv [B, T, (Hq + 2 Hkv) * D] into q [B, T, Hq, D], k and v
+// [B, T, Hkv, D]; merge is its backward (writes dqkv).
+void split_qkv(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv);
+void merge_qkv(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv);
+
+// out = a + b (elementwise, same shapes; out may alias a or b).
+void add(Tensor& out, const Tensor& a, const Tensor& b);
+
+// Fused classifier: logits [N, Vp] -> per-row loss [N] (accumulation dtype), softmax over the
+// first V columns only (columns >= V are padding). When dlogits is defined it receives
+// (softmax - onehot(target)) * dloss for columns < V and 0 for padding; it may alias logits.
+// targets int32 [N], each in [0, V).
+void softmax_cross_entropy(Tensor& losses, Tensor& dlogits, const Tensor& logits,
+                           const Tensor& targets, int64_t V, double dloss);
+
+// Softmax over the first V columns of one row of logits (for sampling); probs fp32 [V].
+void softmax_row(std::vector<float>& probs, const Tensor& logits, int64_t row, int64_t V,
+                 double temperature);
+
+}  // namespace ft::nn
