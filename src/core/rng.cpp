@@ -7,7 +7,7 @@ void fill_normal(Tensor& t, Rng& rng, double mean, double std) {
   dispatch_float(t.dtype(), [&](auto d) {
     using D = decltype(d);
     D* p = t.data<D>();
-    for (int64_t i = 0; i < t.numel(); ++i) store(p[i], mean + std * rng.normal());
+    for (int64_t i = 0, n = t.numel(); i < n; ++i) store(p[i], mean + std * rng.normal());
   });
 }
 
@@ -16,7 +16,7 @@ void fill_uniform(Tensor& t, Rng& rng, double lo, double hi) {
   dispatch_float(t.dtype(), [&](auto d) {
     using D = decltype(d);
     D* p = t.data<D>();
-    for (int64_t i = 0; i < t.numel(); ++i) store(p[i], lo + (hi - lo) * rng.uniform());
+    for (int64_t i = 0, n = t.numel(); i < n; ++i) store(p[i], lo + (hi - lo) * rng.uniform());
   });
 }
 

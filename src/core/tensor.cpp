@@ -171,13 +171,13 @@ void Tensor::fill(double value) {
   require_cpu(*this, "fill");
   if (dtype_ == DType::i32) {
     int32_t* p = data<int32_t>();
-    for (int64_t i = 0; i < numel(); ++i) p[i] = static_cast<int32_t>(value);
+    for (int64_t i = 0, n = numel(); i < n; ++i) p[i] = static_cast<int32_t>(value);
     return;
   }
   dispatch_float(dtype_, [&](auto d) {
     using D = decltype(d);
     D* p = data<D>();
-    for (int64_t i = 0; i < numel(); ++i) store(p[i], value);
+    for (int64_t i = 0, n = numel(); i < n; ++i) store(p[i], value);
   });
 }
 
@@ -200,7 +200,7 @@ void for_pairs(const Tensor& a, const Tensor& b, F&& f) {
   const Tensor b64 = b.to(DType::f64);
   const double* pa = a64.data<double>();
   const double* pb = b64.data<double>();
-  for (int64_t i = 0; i < a.numel(); ++i) f(pa[i], pb[i]);
+  for (int64_t i = 0, n = a.numel(); i < n; ++i) f(pa[i], pb[i]);
 }
 
 }  // namespace
@@ -231,7 +231,7 @@ bool all_finite(const Tensor& t) {
   dispatch_float(t.dtype(), [&](auto d) {
     using D = decltype(d);
     const D* p = t.data<D>();
-    for (int64_t i = 0; i < t.numel() && ok; ++i)
+    for (int64_t i = 0, n = t.numel(); i < n && ok; ++i)
       ok = std::isfinite(static_cast<double>(load(p[i])));
   });
   return ok;

@@ -1,0 +1,70 @@
+// Device memory for every tensor on the GPU comes from CUDA's stream-ordered allocator: one
+// memory pool per device whose release threshold is "never", so freed blocks stay reserved
+// and later allocations reuse them without a device synchronisation. The pool's own
+// high-water marks give "peak used" and "peak reserved" for each training step.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <mutex>
+
+#include "core/cuda/check.h"
+#include "core/cuda/runtime.h"
+#include "core/memory.h"
+
+namespace ft::cuda {
+namespace {
+
+cudaMemPool_t g_pool = nullptr;
+int g_device = -1;
+
+void* pool_allocate(size_t nbytes) {
+  void* ptr = nullptr;
+  const cudaError_t err = cudaMallocAsync(&ptr, nbytes == 0 ? 1 : nbytes, current_stream());
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaMemGetInfo(&free_bytes, &total_bytes);
+    throw Error(str("out of GPU memory: asked for ", nbytes / (1024 * 1024), " MB with ",
+                    free_bytes / (1024 * 1024), " MB free of ", total_bytes / (1024 * 1024),
+                    " MB (", cudaGetErrorString(err), "); try a smaller --batch-size"));
+  }
+  return ptr;
+}
+
+void pool_free(void* ptr) {
+  FT_CUDA_CHECK(cudaFreeAsync(ptr, current_stream()));
+}
+
+int64_t pool_peak_reserved() {
+  uint64_t value = 0;
+  FT_CUDA_CHECK(cudaMemPoolGetAttribute(g_pool, cudaMemPoolAttrReservedMemHigh, &value));
+  return static_cast<int64_t>(value);
+}
+
+void pool_reset_peak() {
+  uint64_t zero = 0;  // resetting a high-water mark sets it to the current value
+  FT_CUDA_CHECK(cudaMemPoolSetAttribute(g_pool, cudaMemPoolAttrReservedMemHigh, &zero));
+  FT_CUDA_CHECK(cudaMemPoolSetAttribute(g_pool, cudaMemPoolAttrUsedMemHigh, &zero));
+}
+
+}  // namespace
+
+void init_device(int device) {
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (g_device == device) return;
+  FT_CHECK(g_device < 0, "flashtrain uses one GPU per process (device ", g_device,
+           " is in use, asked for ", device, ")");
+  int count = 0;
+  FT_CUDA_CHECK(cudaGetDeviceCount(&count));
+  FT_CHECK(device >= 0 && device < count, "GPU ", device, " does not exist (", count, " found)");
+  FT_CUDA_CHECK(cudaSetDevice(device));
+  FT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&g_pool, device));
+  uint64_t keep_everything = UINT64_MAX;
+  FT_CUDA_CHECK(cudaMemPoolSetAttribute(g_pool, cudaMemPoolAttrReleaseThreshold, &keep_everything));
+  g_device = device;
+  register_device_allocator(Device::cuda,
+                            {pool_allocate, pool_free, pool_peak_reserved, pool_reset_peak});
+}
+
+}  // namespace ft::cuda
