@@ -1,0 +1,125 @@
+// AdamW on the CPU, elementwise over fp32 (or fp64) master weights and moments, and the global
+// gradient norm.
+//
+// The update follows PyTorch's torch.optim.AdamW (single-tensor path) operation by operation,
+// because fp32 loss curves are compared with PyTorch's:
+//   p *= 1 - lr * wd                      (decoupled decay first, on the old weights)
+//   m = m + (1 - b1) * (g - m)            (torch's lerp; equals b1 m + (1 - b1) g)
+//   v = b2 v + (1 - b2) g^2
+//   p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+// which is p -= lr * (mhat / (sqrt(vhat) + eps) + wd * p_old) up to rounding. Scalars are
+// formed in fp64 and rounded once to the tensor dtype, as torch does with Python floats.
+//
+// global_grad_norm sums squares in fp64 over fixed-size blocks and adds the block sums in
+// order, so the result (and every clipped step) does not depend on the thread count.
+#include "nn/adamw.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "nn/checks.h"
+
+namespace ft::nn {
+namespace {
+
+constexpr const char* kAdam = "adamw_update";
+
+template <class T>
+struct AdamScalars {
+  T decay_mul, one_minus_b1, b2, one_minus_b2, neg_step_size, bc2_sqrt, eps, grad_scale;
+};
+
+template <class T>
+AdamScalars<T> adam_scalars(double lr, const AdamWConfig& cfg, int64_t step, double grad_scale,
+                            bool decay) {
+  const double t = static_cast<double>(step);
+  const double bc1 = 1.0 - std::pow(cfg.beta1, t);
+  const double bc2 = 1.0 - std::pow(cfg.beta2, t);
+  return {static_cast<T>(decay ? 1.0 - lr * cfg.weight_decay : 1.0),
+          static_cast<T>(1.0 - cfg.beta1),
+          static_cast<T>(cfg.beta2),
+          static_cast<T>(1.0 - cfg.beta2),
+          static_cast<T>(-(lr / bc1)),
+          static_cast<T>(std::sqrt(bc2)),
+          static_cast<T>(cfg.eps),
+          static_cast<T>(grad_scale)};
+}
+
+template <class T>
+void adamw_kernel(T* p, const T* grad, T* m, T* v, int64_t n, const AdamScalars<T>& s) {
+#pragma omp parallel for schedule(static) if (n >= detail::kParallelMinWork)
+  for (int64_t i = 0; i < n; ++i) {
+    const T g = grad[i] * s.grad_scale;
+    m[i] += s.one_minus_b1 * (g - m[i]);
+    v[i] = v[i] * s.b2 + s.one_minus_b2 * g * g;
+    const T denom = std::sqrt(v[i]) / s.bc2_sqrt + s.eps;
+    p[i] *= s.decay_mul;
+    p[i] += (s.neg_step_size * m[i]) / denom;  // torch's addcdiv order
+  }
+}
+
+void check_state(const Tensor& t, const Tensor& master, const char* name) {
+  detail::check_like(t, master, kAdam, name, "master");
+}
+
+template <class T>
+double sum_squares(const T* x, int64_t n) {
+  constexpr int64_t kBlock = 1 << 14;
+  const int64_t n_blocks = (n + kBlock - 1) / kBlock;
+  std::vector<double> partial(static_cast<size_t>(n_blocks), 0.0);
+#pragma omp parallel for schedule(static) if (n >= detail::kParallelMinWork)
+  for (int64_t blk = 0; blk < n_blocks; ++blk) {
+    const int64_t end = std::min(n, (blk + 1) * kBlock);
+    double s = 0.0;
+    for (int64_t i = blk * kBlock; i < end; ++i) {
+      const double g = static_cast<double>(load(x[i]));
+      s += g * g;
+    }
+    partial[blk] = s;
+  }
+  double total = 0.0;
+  for (double s : partial) total += s;
+  return total;
+}
+
+}  // namespace
+
+void adamw_update(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, double lr,
+                  const AdamWConfig& cfg, int64_t step, double grad_scale, bool decay) {
+  detail::check_defined(master, kAdam, "master");
+  FT_CHECK(master.dtype() == DType::f32 || master.dtype() == DType::f64, kAdam, ": master is ",
+           dtype_name(master.dtype()), ", expected fp32 (or fp64 in tests)");
+  check_state(grad, master, "grad");
+  check_state(m, master, "m");
+  check_state(v, master, "v");
+  FT_CHECK(step >= 1, kAdam, ": step ", step, " must be >= 1 (steps are 1-based)");
+  FT_CHECK(cfg.beta1 >= 0 && cfg.beta1 < 1 && cfg.beta2 >= 0 && cfg.beta2 < 1, kAdam, ": betas (",
+           cfg.beta1, ", ", cfg.beta2, ") must be in [0, 1)");
+  FT_CHECK(std::isfinite(lr) && std::isfinite(grad_scale), kAdam, ": lr ", lr, " and grad_scale ",
+           grad_scale, " must be finite");
+  if (master.dtype() == DType::f32) {
+    adamw_kernel(master.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(),
+                 master.numel(), adam_scalars<float>(lr, cfg, step, grad_scale, decay));
+  } else {
+    adamw_kernel(master.data<double>(), grad.data<double>(), m.data<double>(), v.data<double>(),
+                 master.numel(), adam_scalars<double>(lr, cfg, step, grad_scale, decay));
+  }
+}
+
+double global_grad_norm(const std::vector<Tensor>& grads) {
+  double total = 0.0;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const Tensor& g = grads[i];
+    FT_CHECK(g.defined(), "global_grad_norm: gradient ", i, " is undefined");
+    FT_CHECK(g.device() == Device::cpu, "global_grad_norm: gradient ", i, " is on ",
+             device_name(g.device()), ", only the CPU is implemented");
+    dispatch_float(g.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      total += sum_squares(g.data<T>(), g.numel());
+    });
+  }
+  return std::sqrt(total);
+}
+
+}  // namespace ft::nn

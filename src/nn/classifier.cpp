@@ -1,0 +1,140 @@
+// Fused softmax + cross-entropy over padded logits, CPU, and a sampling softmax.
+//
+// Each row (one token): max over its first V columns, then the sum of exp(x - max) (numerically
+// stable), the loss logsumexp - x[target], and with dlogits the gradient (softmax - onehot) *
+// dloss; each logit is read before its gradient overwrites it, so dlogits may alias logits. Padding
+// columns [V, Vp) never enter the softmax and get gradient 0. Rows are independent: parallel over
+// rows. Traffic: logits read three times (mostly from cache for one row), dlogits written once.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
+#include "nn/checks.h"
+#include "nn/layers.h"
+
+namespace ft::nn {
+namespace {
+
+constexpr const char* kCe = "softmax_cross_entropy";
+
+template <class A>
+struct RowStats {
+  A max, sum_exp;  // sum of exp(x - max) over the first V columns
+};
+
+template <class T>
+RowStats<acc_t<T>> row_stats(const T* row, int64_t V) {
+  using A = acc_t<T>;
+  A mx = -std::numeric_limits<A>::infinity();
+  for (int64_t j = 0; j < V; ++j) mx = std::max(mx, load(row[j]));
+  A sum = 0;
+  for (int64_t j = 0; j < V; ++j) sum += std::exp(load(row[j]) - mx);
+  return {mx, sum};
+}
+
+template <class T>
+void cross_entropy_kernel(acc_t<T>* losses, T* dlogits, const T* logits, const int32_t* targets,
+                          int64_t N, int64_t Vp, int64_t V, double dloss) {
+  using A = acc_t<T>;
+#pragma omp parallel for schedule(static) if (N * Vp >= detail::kParallelMinWork)
+  for (int64_t r = 0; r < N; ++r) {
+    const T* row = logits + r * Vp;
+    const int32_t target = targets[r];
+    T* drow = dlogits ? dlogits + r * Vp : nullptr;  // may alias row
+    // Where dlogits can hold exp(x - max) exactly as computed (not bf16), keep it there and
+    // scale it afterwards: one pass of exp per row instead of two.
+    constexpr bool keep_exp = !std::is_same_v<T, bf16>;
+    if (keep_exp && drow) {
+      A mx = -std::numeric_limits<A>::infinity();
+      for (int64_t j = 0; j < V; ++j) mx = std::max(mx, load(row[j]));
+      const A shifted_target = load(row[target]) - mx;
+      A sum = 0;
+      for (int64_t j = 0; j < V; ++j) {
+        const A e = std::exp(load(row[j]) - mx);  // row[j] is read before drow[j] is written
+        sum += e;
+        store(drow[j], e);
+      }
+      losses[r] = std::log(sum) - shifted_target;
+      const A inv_sum = A(1) / sum, scale = static_cast<A>(dloss);
+      for (int64_t j = 0; j < V; ++j) store(drow[j], load(drow[j]) * inv_sum * scale);
+      store(drow[target], load(drow[target]) - scale);
+      for (int64_t j = V; j < Vp; ++j) store(drow[j], A(0));
+      continue;
+    }
+    const auto [mx, sum] = row_stats(row, V);
+    // logsumexp - x[t] as log(sum) - (x[t] - max): the shifted logit is small, so large
+    // logits lose no precision to cancellation.
+    losses[r] = std::log(sum) - (load(row[target]) - mx);
+    if (!drow) continue;
+    const A inv_sum = A(1) / sum, scale = static_cast<A>(dloss);
+    for (int64_t j = 0; j < V; ++j) {
+      const A p = std::exp(load(row[j]) - mx) * inv_sum;
+      store(drow[j], (p - (j == target ? A(1) : A(0))) * scale);
+    }
+    for (int64_t j = V; j < Vp; ++j) store(drow[j], A(0));
+  }
+}
+
+// Targets are checked before the parallel region: an exception must not escape one.
+void check_targets(const Tensor& targets, int64_t N, int64_t V) {
+  detail::check_defined(targets, kCe, "targets");
+  detail::check_dtype(targets, DType::i32, kCe, "targets");
+  FT_CHECK(targets.numel() == N, kCe, ": targets ", shape_str(targets.shape()), " must hold ", N,
+           " values, one per logits row");
+  const int32_t* t = targets.data<int32_t>();
+  for (int64_t i = 0; i < N; ++i) {
+    FT_CHECK(t[i] >= 0 && t[i] < V, kCe, ": target ", t[i], " at row ", i, " outside [0, ", V, ")");
+  }
+}
+
+}  // namespace
+
+void softmax_cross_entropy(Tensor& losses, Tensor& dlogits, const Tensor& logits,
+                           const Tensor& targets, int64_t V, double dloss) {
+  detail::check_defined(logits, kCe, "logits");
+  detail::check_float(logits, kCe, "logits");
+  FT_CHECK(logits.ndim() >= 1, kCe, ": logits must be [N, Vp], got ", shape_str(logits.shape()));
+  const int64_t Vp = logits.dim(-1), N = detail::rows_of(logits);
+  FT_CHECK(V > 0 && V <= Vp, kCe, ": V ", V, " must be in [1, ", Vp, "] for logits ",
+           shape_str(logits.shape()));
+  check_targets(targets, N, V);
+  detail::check_defined(losses, kCe, "losses");
+  detail::check_dtype(losses, detail::acc_dtype_of(logits.dtype()), kCe, "losses");
+  FT_CHECK(losses.numel() == N, kCe, ": losses ", shape_str(losses.shape()), " must hold ", N,
+           " values, one per row of logits ", shape_str(logits.shape()));
+  if (dlogits.defined()) detail::check_like(dlogits, logits, kCe, "dlogits", "logits");
+  dispatch_float(logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cross_entropy_kernel(losses.data<acc_t<T>>(), dlogits.defined() ? dlogits.data<T>() : nullptr,
+                         logits.data<T>(), targets.data<int32_t>(), N, Vp, V, dloss);
+  });
+}
+
+void softmax_row(std::vector<float>& probs, const Tensor& logits, int64_t row, int64_t V,
+                 double temperature) {
+  constexpr const char* fn = "softmax_row";
+  detail::check_defined(logits, fn, "logits");
+  detail::check_float(logits, fn, "logits");
+  const int64_t Vp = logits.dim(-1), N = detail::rows_of(logits);
+  FT_CHECK(row >= 0 && row < N, fn, ": row ", row, " outside [0, ", N, ") for logits ",
+           shape_str(logits.shape()));
+  FT_CHECK(V > 0 && V <= Vp, fn, ": V ", V, " must be in [1, ", Vp, "]");
+  FT_CHECK(temperature > 0, fn, ": temperature ", temperature, " must be > 0");
+  probs.resize(static_cast<size_t>(V));
+  dispatch_float(logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    // Sampling is off the hot path: compute in fp64 for every dtype.
+    const T* x = logits.data<T>() + row * Vp;
+    const double scale = 1.0 / temperature;
+    double mx = -std::numeric_limits<double>::infinity();
+    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, static_cast<double>(load(x[j])) * scale);
+    double sum = 0;
+    for (int64_t j = 0; j < V; ++j) sum += std::exp(static_cast<double>(load(x[j])) * scale - mx);
+    for (int64_t j = 0; j < V; ++j) {
+      probs[j] = static_cast<float>(std::exp(static_cast<double>(load(x[j])) * scale - mx) / sum);
+    }
+  });
+}
+
+}  // namespace ft::nn

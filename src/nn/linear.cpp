@@ -1,0 +1,130 @@
+// Fully connected layer, CPU: every product goes through ft::cpu::gemm (BLAS).
+//
+// Forward: out = inp @ w^T + b. The bias is written into out first and the GEMM adds onto it
+// (beta = 1), so a bf16 output is rounded once, after the bias is in.
+// Backward: dinp = dout @ w (written); dw += dout^T @ inp with beta = 1 into the fp32 (or fp64)
+// gradient, so bf16 weight gradients accumulate in fp32; db += column sums of dout.
+// FLOPs: 2*N*IC*OC forward, twice that backward.
+#include <algorithm>
+
+#include "core/blas.h"
+#include "nn/checks.h"
+#include "nn/layers.h"
+
+namespace ft::nn {
+namespace {
+
+using detail::check_defined;
+using detail::check_dtype;
+using detail::check_shape;
+
+constexpr const char* kFwd = "linear_forward";
+constexpr const char* kBwd = "linear_backward";
+
+struct LinearShape {
+  int64_t rows, in_features, out_features;
+};
+
+// Checks inp [..., IC] against w [OC, IC] (both the compute dtype) and returns N, IC, OC.
+LinearShape check_weights(const Tensor& inp, const Tensor& w, const char* fn) {
+  check_defined(inp, fn, "inp");
+  check_defined(w, fn, "w");
+  detail::check_float(inp, fn, "inp");
+  check_dtype(w, inp.dtype(), fn, "w");
+  FT_CHECK(inp.ndim() >= 1 && w.ndim() == 2 && w.dim(1) == inp.dim(-1), fn, ": w ",
+           shape_str(w.shape()), " must be [OC, IC] with IC the last dimension of inp ",
+           shape_str(inp.shape()));
+  return {detail::rows_of(inp), w.dim(1), w.dim(0)};
+}
+
+// `t` holds N rows of OC features: last dimension OC, N * OC elements in all.
+void check_rows(const Tensor& t, const LinearShape& s, DType dtype, const char* fn,
+                const char* name) {
+  check_defined(t, fn, name);
+  check_dtype(t, dtype, fn, name);
+  FT_CHECK(t.ndim() >= 1 && t.dim(-1) == s.out_features && t.numel() == s.rows * s.out_features, fn,
+           ": ", name, " ", shape_str(t.shape()), " must hold ", s.rows, " rows of ",
+           s.out_features, " (from inp rows and w [", s.out_features, ", ", s.in_features, "])");
+}
+
+template <class T>
+void forward_kernel(T* out, const T* inp, const T* w, const T* b, const LinearShape& s) {
+  const int64_t N = s.rows, IC = s.in_features, OC = s.out_features;
+  if (b) {
+#pragma omp parallel for schedule(static) if (N * OC >= detail::kParallelMinWork)
+    for (int64_t r = 0; r < N; ++r) {
+      for (int64_t o = 0; o < OC; ++o) out[r * OC + o] = b[o];
+    }
+  }
+  const acc_t<T> beta = b ? 1 : 0;
+  cpu::gemm(false, true, N, OC, IC, acc_t<T>(1), inp, IC, w, IC, beta, out, OC);
+}
+
+// Column sums of dout [N, OC] added to db. Each thread owns blocks of columns and walks the
+// rows in order, so every sum is deterministic and the rows are read contiguously.
+template <class T>
+void bias_grad_kernel(acc_t<T>* db, const T* dout, int64_t N, int64_t OC) {
+  constexpr int64_t kBlock = 64;
+  const int64_t n_blocks = (OC + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (N * OC >= detail::kParallelMinWork)
+  for (int64_t blk = 0; blk < n_blocks; ++blk) {
+    const int64_t begin = blk * kBlock, end = std::min(OC, begin + kBlock);
+    acc_t<T> sum[kBlock] = {};
+    for (int64_t r = 0; r < N; ++r) {
+      const T* row = dout + r * OC;
+      for (int64_t o = begin; o < end; ++o) sum[o - begin] += load(row[o]);
+    }
+    for (int64_t o = begin; o < end; ++o) db[o] += sum[o - begin];
+  }
+}
+
+}  // namespace
+
+void linear_forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tensor& b) {
+  const LinearShape s = check_weights(inp, w, kFwd);
+  if (b.defined()) {
+    check_defined(b, kFwd, "b");
+    check_dtype(b, inp.dtype(), kFwd, "b");
+    check_shape(b, {s.out_features}, kFwd, "b");
+  }
+  check_rows(out, s, inp.dtype(), kFwd, "out");
+  dispatch_float(inp.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    forward_kernel(out.data<T>(), inp.data<T>(), w.data<T>(), b.defined() ? b.data<T>() : nullptr,
+                   s);
+  });
+}
+
+void linear_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp,
+                     const Tensor& w) {
+  const LinearShape s = check_weights(inp, w, kBwd);
+  const DType acc = detail::acc_dtype_of(inp.dtype());
+  check_rows(dout, s, inp.dtype(), kBwd, "dout");
+  if (dinp.defined()) detail::check_like(dinp, inp, kBwd, "dinp", "inp");
+  if (dw.defined()) {
+    check_defined(dw, kBwd, "dw");
+    check_dtype(dw, acc, kBwd, "dw");
+    check_shape(dw, w.shape(), kBwd, "dw");
+  }
+  if (db.defined()) {
+    check_defined(db, kBwd, "db");
+    check_dtype(db, acc, kBwd, "db");
+    check_shape(db, {s.out_features}, kBwd, "db");
+  }
+  const int64_t N = s.rows, IC = s.in_features, OC = s.out_features;
+  dispatch_float(inp.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    const T* d = dout.data<T>();
+    if (dinp.defined()) {
+      cpu::gemm(false, false, N, IC, OC, A(1), d, OC, w.data<T>(), IC, A(0), dinp.data<T>(), IC);
+    }
+    if (dw.defined()) {
+      // A = acc_t<T> output picks the bf16 -> fp32 overload for bf16.
+      cpu::gemm(true, false, OC, IC, N, A(1), d, OC, inp.data<T>(), IC, A(1), dw.data<A>(), IC);
+    }
+    if (db.defined()) bias_grad_kernel(db.data<A>(), d, N, OC);
+  });
+}
+
+}  // namespace ft::nn
