@@ -1,9 +1,160 @@
+// `flashtrain attention`: run one attention implementation on .npy files, so that any framework
+// can check our kernels against its own. Parses flags, loads, calls ft::attention, writes.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "attention/attention.h"
 #include "commands.h"
+#include "core/npy.h"
 
 namespace ft::cli {
+namespace {
+
+struct AttentionOptions {
+  std::string q, k, v, dout, segment_ids, out_dir;
+  std::string impl = "flash", device = "cpu", dtype = "fp32";
+  bool causal = false, check = false;
+  int64_t window = 0;
+  double scale = 0.0;
+};
+
+// Loads a q/k/v/do input: float32, or bf16 stored as uint16; converted to the run's dtype.
+Tensor load_float_input(const std::string& flag, const std::string& path, DType dtype) {
+  Tensor t = npy::load(path);
+  FT_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16, "--", flag, " ", path,
+           " has dtype ", dtype_name(t.dtype()),
+           "; expected float32, or bfloat16 stored as uint16");
+  return t.dtype() == dtype ? t : t.to(dtype);
+}
+
+Tensor load_segment_ids(const std::string& path) {
+  Tensor t = npy::load(path);
+  FT_CHECK(t.dtype() == DType::i32, "--segment-ids ", path, " has dtype ", dtype_name(t.dtype()),
+           "; expected int32");
+  return t;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// fp64 (reference) outputs are written as float64; bf16 as uint16; lse as float32 otherwise.
+void write_output(const std::string& dir, const std::string& name, const Tensor& t) {
+  const std::string path = (std::filesystem::path(dir) / (name + ".npy")).string();
+  npy::save(path, t);
+  std::printf("wrote %s %s %s\n", path.c_str(), shape_str(t.shape()).c_str(),
+              dtype_name(t.dtype()));
+}
+
+void print_check(const char* name, const Tensor& got, const Tensor& ref) {
+  std::printf("check %-3s relative error vs reference: %.3e (max abs diff %.3e)%s\n", name,
+              relative_error(got, ref), max_abs_diff(got, ref),
+              all_finite(got) ? "" : "  NOT FINITE");
+}
+
+// lse holds -inf on rows that see no key; compare only the finite entries.
+void print_lse_check(const Tensor& got, const Tensor& ref) {
+  const Tensor g = got.to(DType::f64), r = ref.to(DType::f64);
+  double num = 0, den = 0;
+  int64_t mismatched_infinities = 0;
+  for (int64_t i = 0; i < g.numel(); ++i) {
+    const double a = g.data<double>()[i], b = r.data<double>()[i];
+    if (std::isinf(b) || std::isinf(a)) {
+      mismatched_infinities += (a == b) ? 0 : 1;
+      continue;
+    }
+    num += (a - b) * (a - b);
+    den += b * b;
+  }
+  std::printf("check lse relative error vs reference: %.3e (rows with mismatched -inf: %lld)\n",
+              den > 0 ? std::sqrt(num / den) : std::sqrt(num),
+              static_cast<long long>(mismatched_infinities));
+}
+
+void run_attention(const AttentionOptions& opt) {
+  FT_CHECK(parse_device(opt.device) == Device::cpu,
+           "--device cuda: the CUDA attention backend is not built yet (use --device cpu)");
+  const attention::Impl impl = attention::parse_impl(opt.impl);
+  const DType dtype = parse_dtype(opt.dtype);
+  FT_CHECK(dtype == DType::f32 || dtype == DType::bf16, "--dtype ", opt.dtype,
+           " is not supported (allowed: fp32, bf16)");
+  const Tensor q = load_float_input("q", opt.q, dtype);
+  const Tensor k = load_float_input("k", opt.k, dtype);
+  const Tensor v = load_float_input("v", opt.v, dtype);
+  const Tensor segments = opt.segment_ids.empty() ? Tensor{} : load_segment_ids(opt.segment_ids);
+  attention::Mask mask;
+  mask.causal = opt.causal;
+  mask.window = opt.window;
+  mask.has_segments = segments.defined();
+  const attention::Problem problem = attention::make_problem(q, k, v, mask, opt.scale);
+  const Tensor dout = opt.dout.empty() ? Tensor{} : load_float_input("do", opt.dout, dtype);
+  std::printf("attention %s on cpu: %s\n", attention::impl_name(impl), problem.describe().c_str());
+
+  auto start = std::chrono::steady_clock::now();
+  const attention::ForwardOutput fwd = attention::forward(impl, problem, q, k, v, segments);
+  std::printf("forward  %.3f ms\n", 1e3 * seconds_since(start));
+  attention::Gradients grads;
+  if (dout.defined()) {
+    start = std::chrono::steady_clock::now();
+    grads = attention::backward(impl, problem, q, k, v, fwd, dout, segments);
+    std::printf("backward %.3f ms\n", 1e3 * seconds_since(start));
+  }
+  std::filesystem::create_directories(opt.out_dir);
+  write_output(opt.out_dir, "o", fwd.o);
+  write_output(opt.out_dir, "lse", fwd.lse);
+  if (dout.defined()) {
+    write_output(opt.out_dir, "dq", grads.dq);
+    write_output(opt.out_dir, "dk", grads.dk);
+    write_output(opt.out_dir, "dv", grads.dv);
+  }
+  if (!opt.check) return;
+  using attention::Impl;
+  const attention::ForwardOutput ref =
+      attention::forward(Impl::reference, problem, q, k, v, segments);
+  print_check("o", fwd.o, ref.o);
+  print_lse_check(fwd.lse, ref.lse);
+  if (!dout.defined()) return;
+  const attention::Gradients ref_grads =
+      attention::backward(Impl::reference, problem, q, k, v, ref, dout, segments);
+  print_check("dq", grads.dq, ref_grads.dq);
+  print_check("dk", grads.dk, ref_grads.dk);
+  print_check("dv", grads.dv, ref_grads.dv);
+}
+
+}  // namespace
 
 void add_attention_command(CLI::App& app) {
-  app.add_subcommand("attention", "Run one attention implementation on .npy files");
+  auto opt = std::make_shared<AttentionOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "attention",
+      "Run one attention implementation on .npy files (q, k, v [B, S, H, D] float32 or bf16 "
+      "as uint16) and write o, lse and, with --do, dq, dk, dv to --out-dir");
+  cmd->add_option("--q", opt->q, "queries .npy [B, S, Hq, D]")->required();
+  cmd->add_option("--k", opt->k, "keys .npy [B, S, Hkv, D]; Hq must be a multiple of Hkv")
+      ->required();
+  cmd->add_option("--v", opt->v, "values .npy, same shape as --k")->required();
+  cmd->add_option("--do", opt->dout, "output gradient .npy like --q; also runs backward");
+  cmd->add_option("--segment-ids", opt->segment_ids,
+                  "int32 .npy [B, S]: attend within equal ids; -1 marks padding");
+  cmd->add_option("--out-dir", opt->out_dir, "directory for o.npy, lse.npy, dq/dk/dv.npy")
+      ->required();
+  cmd->add_option("--impl", opt->impl, "implementation: reference, naive or flash")
+      ->capture_default_str();
+  cmd->add_option("--device", opt->device, "cpu or cuda")->capture_default_str();
+  cmd->add_option("--dtype", opt->dtype,
+                  "fp32 or bf16 (float32 inputs are rounded to bf16); reference computes in fp64")
+      ->capture_default_str();
+  cmd->add_flag("--causal", opt->causal, "causal mask: key <= query");
+  cmd->add_option("--window", opt->window, "sliding window W: key >= query - (W - 1); 0 = none")
+      ->capture_default_str();
+  cmd->add_option("--scale", opt->scale, "score scale; 0 means 1/sqrt(D)")->capture_default_str();
+  cmd->add_flag("--check", opt->check,
+                "also run the fp64 reference and print relative errors of o, lse (and dq, dk, dv)");
+  cmd->callback([opt] { run_attention(*opt); });
 }
 
 }  // namespace ft::cli

@@ -22,6 +22,8 @@
 
 namespace ft::attention {
 
+inline constexpr int64_t kMaxHeadDim = 256;  // head dims: multiples of 8 up to this
+
 enum class Impl { reference, naive, flash };
 const char* impl_name(Impl impl);
 Impl parse_impl(const std::string& s);  // reference|naive|flash
@@ -59,7 +61,7 @@ Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const Ma
 
 struct ForwardOutput {
   Tensor o;      // like q
-  Tensor lse;    // [B, Hq, S] fp32 (fp64 from reference)
+  Tensor lse;    // [B, Hq, S] fp32 (fp64 from reference and for fp64 problems)
   Tensor saved;  // what an implementation keeps for backward (naive: the probabilities)
 };
 

@@ -1,0 +1,100 @@
+// forward() and backward(): check every tensor against the problem (so that a wrong shape,
+// dtype or device is reported with its value, never read out of bounds), then call the chosen
+// implementation. The CUDA implementations will be dispatched from here too.
+#include "attention/attention.h"
+#include "attention/cpu/cpu_kernels.h"
+
+namespace ft::attention {
+namespace {
+
+void check_tensor(const char* name, const Tensor& t, const Shape& shape, DType dtype) {
+  FT_CHECK(t.defined(), "attention: ", name, " is missing");
+  FT_CHECK(t.device() == Device::cpu, "attention: ", name, " is on ", device_name(t.device()),
+           ", but only the CPU implementations are built");
+  FT_CHECK(t.shape() == shape, "attention: ", name, " has shape ", shape_str(t.shape()),
+           ", expected ", shape_str(shape));
+  FT_CHECK(t.dtype() == dtype, "attention: ", name, " has dtype ", dtype_name(t.dtype()),
+           ", expected ", dtype_name(dtype));
+}
+
+// The reference widens any float input to fp64, so it only needs a float dtype.
+void check_float(const char* name, const Tensor& t, const Shape& shape) {
+  FT_CHECK(t.defined(), "attention: ", name, " is missing");
+  check_tensor(name, t, shape, t.dtype() == DType::i32 ? DType::f32 : t.dtype());
+}
+
+void check_inputs(Impl impl, const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                  const Tensor& segment_ids) {
+  p.validate();
+  const Shape q_shape{p.batch, p.seq_len, p.q_heads, p.head_dim};
+  const Shape kv_shape{p.batch, p.seq_len, p.kv_heads, p.head_dim};
+  if (impl == Impl::reference) {
+    check_float("q", q, q_shape);
+    check_float("k", k, kv_shape);
+    check_float("v", v, kv_shape);
+  } else {
+    check_tensor("q", q, q_shape, p.dtype);
+    check_tensor("k", k, kv_shape, p.dtype);
+    check_tensor("v", v, kv_shape, p.dtype);
+  }
+  if (p.mask.has_segments) {
+    check_tensor("segment ids", segment_ids, {p.batch, p.seq_len}, DType::i32);
+  } else {
+    FT_CHECK(!segment_ids.defined(), "attention: segment ids ", shape_str(segment_ids.shape()),
+             " were given but the mask has no segments (set mask.has_segments)");
+  }
+}
+
+DType lse_dtype(Impl impl, DType dtype) {
+  return impl == Impl::reference || dtype == DType::f64 ? DType::f64 : DType::f32;
+}
+
+void check_backward_inputs(Impl impl, const Problem& p, const ForwardOutput& fwd,
+                           const Tensor& dout) {
+  const Shape q_shape{p.batch, p.seq_len, p.q_heads, p.head_dim};
+  if (impl == Impl::reference) {
+    check_float("dout", dout, q_shape);
+    return;  // the reference recomputes its own forward
+  }
+  check_tensor("dout", dout, q_shape, p.dtype);
+  check_tensor("forward output o", fwd.o, q_shape, p.dtype);
+  check_tensor("forward lse", fwd.lse, {p.batch, p.q_heads, p.seq_len}, lse_dtype(impl, p.dtype));
+  if (impl == Impl::naive) {
+    check_tensor("naive's saved probabilities", fwd.saved,
+                 {p.batch, p.q_heads, p.seq_len, p.seq_len}, lse_dtype(impl, p.dtype));
+  }
+}
+
+}  // namespace
+
+ForwardOutput forward(Impl impl, const Problem& problem, const Tensor& q, const Tensor& k,
+                      const Tensor& v, const Tensor& segment_ids) {
+  check_inputs(impl, problem, q, k, v, segment_ids);
+  switch (impl) {
+    case Impl::reference:
+      return cpu::reference_forward(problem, q, k, v, segment_ids);
+    case Impl::naive:
+      return cpu::naive_forward(problem, q, k, v, segment_ids);
+    case Impl::flash:
+      return cpu::flash_forward(problem, q, k, v, segment_ids);
+  }
+  throw Error("attention: unknown implementation");
+}
+
+Gradients backward(Impl impl, const Problem& problem, const Tensor& q, const Tensor& k,
+                   const Tensor& v, const ForwardOutput& fwd, const Tensor& dout,
+                   const Tensor& segment_ids) {
+  check_inputs(impl, problem, q, k, v, segment_ids);
+  check_backward_inputs(impl, problem, fwd, dout);
+  switch (impl) {
+    case Impl::reference:
+      return cpu::reference_backward(problem, q, k, v, fwd, dout, segment_ids);
+    case Impl::naive:
+      return cpu::naive_backward(problem, q, k, v, fwd, dout, segment_ids);
+    case Impl::flash:
+      return cpu::flash_backward(problem, q, k, v, fwd, dout, segment_ids);
+  }
+  throw Error("attention: unknown implementation");
+}
+
+}  // namespace ft::attention
