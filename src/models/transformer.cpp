@@ -1,0 +1,383 @@
+#include "models/transformer.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace ft::models {
+
+void Parameter::sync_compute() {
+  if (compute.raw() != master.raw()) compute.copy_from(master);
+}
+
+// Non-owning views of the parameters, by role. Absent roles (no bias in LLaMA, no gate in
+// GPT-2) stay null.
+struct Transformer::Weights {
+  struct Layer {
+    Parameter *norm1_w = nullptr, *norm1_b = nullptr;
+    Parameter *qkv_w = nullptr, *qkv_b = nullptr;
+    Parameter *proj_w = nullptr, *proj_b = nullptr;
+    Parameter *norm2_w = nullptr, *norm2_b = nullptr;
+    Parameter *fc_w = nullptr, *fc_b = nullptr;    // GPT-2 fc; LLaMA up projection
+    Parameter* gate_w = nullptr;                   // LLaMA gate projection
+    Parameter *out_w = nullptr, *out_b = nullptr;  // MLP output (GPT-2 proj, LLaMA down)
+  };
+  Parameter *wte = nullptr, *wpe = nullptr;
+  std::vector<Layer> layers;
+  Parameter *normf_w = nullptr, *normf_b = nullptr;
+  Parameter* head = nullptr;  // null when tied to wte
+};
+
+// What one layer keeps from forward for backward.
+struct Transformer::LayerCache {
+  Tensor h1, mean1, rstd1;  // norm1 output and its statistics
+  Tensor q, k, v;           // after RoPE
+  attention::ForwardOutput att;
+  Tensor x_mid;             // residual after attention
+  Tensor h2, mean2, rstd2;  // norm2
+  Tensor fc, gate;          // MLP pre-activations (gate: LLaMA only)
+  Tensor mlp_act;           // gelu(fc) or silu(gate) * up
+};
+
+namespace {
+
+int64_t rows(const Tensor& t) {
+  return t.numel() / t.dim(-1);
+}
+
+}  // namespace
+
+Transformer::Transformer(const ModelConfig& config, DType compute_dtype,
+                         AttentionSettings attention, Device device)
+    : config_(config),
+      compute_dtype_(compute_dtype),
+      master_dtype_(compute_dtype == DType::f64 ? DType::f64 : DType::f32),
+      attention_(attention),
+      device_(device),
+      w_(std::make_unique<Weights>()) {
+  config_.validate();
+  FT_CHECK(
+      compute_dtype == DType::f32 || compute_dtype == DType::bf16 || compute_dtype == DType::f64,
+      "model dtype must be fp32 or bf16 (fp64 for tests), got ", dtype_name(compute_dtype));
+  FT_CHECK(device == Device::cpu, "training on ", device_name(device),
+           " needs the CUDA backend, which this build does not have yet; use --device cpu");
+  FT_CHECK(attention.window >= 0, "window must be >= 0, got ", attention.window);
+  build_parameters();
+  if (config_.rope()) {
+    rope_ = nn::make_rope_table(config_.max_seq_len, config_.head_dim(), config_.rope_theta,
+                                config_.rope_scaling);
+  }
+}
+
+Transformer::~Transformer() = default;
+
+void Transformer::build_parameters() {
+  const ModelConfig& c = config_;
+  const int64_t C = c.n_embd, F = c.ffn_hidden, Vp = c.padded_vocab_size;
+  struct Spec {
+    std::string name;
+    Shape shape;
+    Parameter** slot;
+  };
+  std::vector<Spec> specs;
+  specs.push_back({"wte", {Vp, C}, &w_->wte});
+  if (c.learned_positions()) specs.push_back({"wpe", {c.max_seq_len, C}, &w_->wpe});
+  w_->layers.resize(static_cast<size_t>(c.n_layer));
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    Weights::Layer& L = w_->layers[static_cast<size_t>(l)];
+    const std::string p = "h." + std::to_string(l) + ".";
+    specs.push_back({p + "norm1.weight", {C}, &L.norm1_w});
+    if (c.norm() == NormKind::layernorm) specs.push_back({p + "norm1.bias", {C}, &L.norm1_b});
+    specs.push_back({p + "attn.qkv.weight", {c.qkv_width(), C}, &L.qkv_w});
+    if (c.bias()) specs.push_back({p + "attn.qkv.bias", {c.qkv_width()}, &L.qkv_b});
+    specs.push_back({p + "attn.proj.weight", {C, C}, &L.proj_w});
+    if (c.bias()) specs.push_back({p + "attn.proj.bias", {C}, &L.proj_b});
+    specs.push_back({p + "norm2.weight", {C}, &L.norm2_w});
+    if (c.norm() == NormKind::layernorm) specs.push_back({p + "norm2.bias", {C}, &L.norm2_b});
+    specs.push_back({p + "mlp.fc.weight", {F, C}, &L.fc_w});
+    if (c.bias()) specs.push_back({p + "mlp.fc.bias", {F}, &L.fc_b});
+    if (c.mlp() == MlpKind::swiglu) specs.push_back({p + "mlp.gate.weight", {F, C}, &L.gate_w});
+    specs.push_back({p + "mlp.proj.weight", {C, F}, &L.out_w});
+    if (c.bias()) specs.push_back({p + "mlp.proj.bias", {C}, &L.out_b});
+  }
+  specs.push_back({"normf.weight", {C}, &w_->normf_w});
+  if (c.norm() == NormKind::layernorm) specs.push_back({"normf.bias", {C}, &w_->normf_b});
+  if (!c.tied_embeddings()) specs.push_back({"head.weight", {Vp, C}, &w_->head});
+
+  params_.resize(specs.size());  // sized once: the slots below point into it
+  for (size_t i = 0; i < specs.size(); ++i) {
+    Parameter& p = params_[i];
+    p.name = specs[i].name;
+    p.decay = specs[i].shape.size() >= 2;
+    p.master = Tensor::zeros(specs[i].shape, master_dtype_);
+    p.grad = Tensor::zeros(specs[i].shape, master_dtype_);
+    p.compute =
+        compute_dtype_ == master_dtype_ ? p.master : Tensor::zeros(specs[i].shape, compute_dtype_);
+    *specs[i].slot = &p;
+  }
+}
+
+void Transformer::init_weights(uint64_t seed) {
+  Rng rng(seed);
+  const double std = 0.02, residual_std = 0.02 / std::sqrt(2.0 * config_.n_layer);
+  for (Parameter& p : params_) {
+    const bool is_norm = p.name.find("norm") != std::string::npos;
+    const bool is_bias = p.name.ends_with(".bias");
+    if (is_norm && !is_bias) {
+      p.master.fill(1.0);
+    } else if (is_bias) {
+      p.master.zero();
+    } else {
+      const bool residual =
+          p.name.ends_with("attn.proj.weight") || p.name.ends_with("mlp.proj.weight");
+      fill_normal(p.master, rng, 0.0, residual ? residual_std : std);
+    }
+  }
+  // Rows past the real vocabulary are never looked up and never predicted: keep them zero.
+  for (Parameter* p : {w_->wte, w_->head}) {
+    if (p == nullptr) continue;
+    const int64_t V = config_.vocab_size, Vp = config_.padded_vocab_size;
+    Tensor pad = p->master.slice(V, Vp);
+    pad.zero();
+  }
+  for (Parameter& p : params_) p.sync_compute();
+}
+
+Parameter* Transformer::find(const std::string& name) {
+  for (Parameter& p : params_)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+Parameter& Transformer::parameter(const std::string& name) {
+  Parameter* p = find(name);
+  FT_CHECK(p != nullptr, "model ", config_.name, " has no parameter '", name, "'");
+  return *p;
+}
+
+Parameter& Transformer::layer_parameter(int64_t layer, const std::string& name) {
+  return parameter("h." + std::to_string(layer) + "." + name);
+}
+
+void Transformer::zero_grad() {
+  for (Parameter& p : params_) p.grad.zero();
+}
+
+Tensor Transformer::act(const Shape& shape) const {
+  return Tensor::empty(shape, compute_dtype_, device_);
+}
+
+attention::Problem Transformer::attention_problem(int64_t layer) const {
+  attention::Problem p;
+  p.batch = B_;
+  p.seq_len = T_;
+  p.q_heads = config_.n_head;
+  p.kv_heads = config_.n_kv_head;
+  p.head_dim = config_.head_dim();
+  p.dtype = compute_dtype_;
+  p.mask.causal = true;
+  const bool global = attention_.global_every > 0 && (layer + 1) % attention_.global_every == 0;
+  p.mask.window = global ? 0 : attention_.window;
+  p.mask.has_segments = segment_ids_.defined();
+  return p;
+}
+
+Tensor Transformer::norm_forward(const Tensor& x, Parameter* w, Parameter* b, Tensor& mean,
+                                 Tensor& rstd) {
+  Tensor out = act(x.shape());
+  const DType acc = master_dtype_;
+  rstd = Tensor::empty({rows(x)}, acc);
+  if (config_.norm() == NormKind::layernorm) {
+    mean = Tensor::empty({rows(x)}, acc);
+    nn::layernorm_forward(out, mean, rstd, x, w->compute, b->compute, config_.norm_eps);
+  } else {
+    nn::rmsnorm_forward(out, rstd, x, w->compute, config_.norm_eps);
+  }
+  return out;
+}
+
+Tensor Transformer::norm_backward(const Tensor& dout, const Tensor& x, Parameter* w, Parameter* b,
+                                  const Tensor& mean, const Tensor& rstd) {
+  Tensor dx = act(x.shape());
+  if (config_.norm() == NormKind::layernorm) {
+    nn::layernorm_backward(dx, w->grad, b->grad, dout, x, w->compute, mean, rstd);
+  } else {
+    nn::rmsnorm_backward(dx, w->grad, dout, x, w->compute, rstd);
+  }
+  return dx;
+}
+
+void Transformer::layer_forward(int64_t l, const Tensor& x_in, Tensor& x_out) {
+  const Weights::Layer& W = w_->layers[static_cast<size_t>(l)];
+  LayerCache& c = cache_[static_cast<size_t>(l)];
+  const int64_t B = B_, T = T_, C = config_.n_embd, D = config_.head_dim();
+  const int64_t Hq = config_.n_head, Hkv = config_.n_kv_head;
+  auto bias = [](Parameter* p) { return p ? p->compute : Tensor(); };
+
+  c.h1 = norm_forward(x_in, W.norm1_w, W.norm1_b, c.mean1, c.rstd1);
+  Tensor qkv = act({B, T, config_.qkv_width()});
+  nn::linear_forward(qkv, c.h1, W.qkv_w->compute, bias(W.qkv_b));
+  c.q = act({B, T, Hq, D});
+  c.k = act({B, T, Hkv, D});
+  c.v = act({B, T, Hkv, D});
+  nn::split_qkv(c.q, c.k, c.v, qkv);
+  if (config_.rope()) {
+    nn::rope_forward(c.q, c.q, rope_);
+    nn::rope_forward(c.k, c.k, rope_);
+  }
+  const attention::Problem problem = attention_problem(l);
+  c.att = attention::forward(attention_.impl, problem, c.q, c.k, c.v, segment_ids_);
+
+  Tensor proj = act({B, T, C});
+  nn::linear_forward(proj, c.att.o.view({B, T, Hq * D}), W.proj_w->compute, bias(W.proj_b));
+  c.x_mid = act({B, T, C});
+  nn::add(c.x_mid, x_in, proj);
+
+  c.h2 = norm_forward(c.x_mid, W.norm2_w, W.norm2_b, c.mean2, c.rstd2);
+  const int64_t F = config_.ffn_hidden;
+  c.fc = act({B, T, F});
+  nn::linear_forward(c.fc, c.h2, W.fc_w->compute, bias(W.fc_b));
+  c.mlp_act = act({B, T, F});
+  if (config_.mlp() == MlpKind::gelu) {
+    nn::gelu_forward(c.mlp_act, c.fc);
+  } else {
+    c.gate = act({B, T, F});
+    nn::linear_forward(c.gate, c.h2, W.gate_w->compute, Tensor());
+    nn::swiglu_forward(c.mlp_act, c.gate, c.fc);
+  }
+  Tensor mlp = act({B, T, C});
+  nn::linear_forward(mlp, c.mlp_act, W.out_w->compute, bias(W.out_b));
+  x_out = act({B, T, C});
+  nn::add(x_out, c.x_mid, mlp);
+}
+
+void Transformer::run_forward(const Tensor& tokens, const Tensor& segment_ids) {
+  FT_CHECK(tokens.dtype() == DType::i32 && tokens.ndim() == 2, "tokens must be int32 [B, T], got ",
+           dtype_name(tokens.dtype()), " ", shape_str(tokens.shape()));
+  B_ = tokens.dim(0);
+  T_ = tokens.dim(1);
+  FT_CHECK(T_ <= config_.max_seq_len, "sequence length ", T_, " exceeds the model's context ",
+           config_.max_seq_len);
+  if (segment_ids.defined()) {
+    FT_CHECK(segment_ids.shape() == tokens.shape() && segment_ids.dtype() == DType::i32,
+             "segment ids must be int32 ", shape_str(tokens.shape()), ", got ",
+             dtype_name(segment_ids.dtype()), " ", shape_str(segment_ids.shape()));
+  }
+  tokens_ = tokens;
+  segment_ids_ = segment_ids;
+  const int64_t L = config_.n_layer, C = config_.n_embd;
+  residual_.assign(static_cast<size_t>(L + 1), Tensor());
+  cache_.assign(static_cast<size_t>(L), LayerCache());
+  residual_[0] = act({B_, T_, C});
+  nn::embedding_forward(residual_[0], tokens, w_->wte->compute,
+                        w_->wpe ? w_->wpe->compute : Tensor());
+  for (int64_t l = 0; l < L; ++l) {
+    layer_forward(l, residual_[static_cast<size_t>(l)], residual_[static_cast<size_t>(l + 1)]);
+  }
+  final_norm_ = norm_forward(residual_.back(), w_->normf_w, w_->normf_b, final_mean_, final_rstd_);
+  Parameter* head = w_->head ? w_->head : w_->wte;
+  logits_ = act({B_ * T_, config_.padded_vocab_size});
+  nn::linear_forward(logits_, final_norm_.view({B_ * T_, C}), head->compute, Tensor());
+}
+
+void Transformer::forward_logits(const Tensor& tokens, const Tensor& segment_ids) {
+  run_forward(tokens, segment_ids);
+  have_targets_ = false;
+}
+
+double Transformer::forward(const Tensor& tokens, const Tensor& targets,
+                            const Tensor& segment_ids) {
+  FT_CHECK(targets.shape() == tokens.shape() && targets.dtype() == DType::i32,
+           "targets must be int32 ", shape_str(tokens.shape()), ", got ",
+           dtype_name(targets.dtype()), " ", shape_str(targets.shape()));
+  run_forward(tokens, segment_ids);
+  targets_ = targets;
+  losses_ = Tensor::empty({B_ * T_}, master_dtype_);
+  Tensor no_grad;
+  nn::softmax_cross_entropy(losses_, no_grad, logits_, targets.view({B_ * T_}), config_.vocab_size,
+                            0.0);
+  have_targets_ = true;
+  const Tensor l64 = losses_.to(DType::f64);
+  double sum = 0.0;
+  for (int64_t i = 0; i < l64.numel(); ++i) sum += l64.data<double>()[i];
+  return sum / static_cast<double>(B_ * T_);
+}
+
+void Transformer::layer_backward(int64_t l, const Tensor& dx_out, Tensor& dx_in) {
+  const Weights::Layer& W = w_->layers[static_cast<size_t>(l)];
+  LayerCache& c = cache_[static_cast<size_t>(l)];
+  const int64_t B = B_, T = T_, C = config_.n_embd, D = config_.head_dim();
+  const int64_t Hq = config_.n_head, Hkv = config_.n_kv_head, F = config_.ffn_hidden;
+  auto bias_grad = [](Parameter* p) { return p ? p->grad : Tensor(); };
+  const Tensor& x_in = residual_[static_cast<size_t>(l)];
+
+  // MLP branch: dx_out flows both into the branch and along the residual.
+  Tensor dact = act({B, T, F});
+  Tensor db_out = bias_grad(W.out_b);
+  nn::linear_backward(dact, W.out_w->grad, db_out, dx_out, c.mlp_act, W.out_w->compute);
+  Tensor dfc = act({B, T, F});
+  Tensor dh2 = act({B, T, C});
+  Tensor db_fc = bias_grad(W.fc_b);
+  Tensor no_bias;
+  if (config_.mlp() == MlpKind::gelu) {
+    nn::gelu_backward(dfc, dact, c.fc);
+    nn::linear_backward(dh2, W.fc_w->grad, db_fc, dfc, c.h2, W.fc_w->compute);
+  } else {
+    Tensor dgate = act({B, T, F});
+    nn::swiglu_backward(dgate, dfc, dact, c.gate, c.fc);
+    Tensor dh2_gate = act({B, T, C});
+    nn::linear_backward(dh2_gate, W.gate_w->grad, no_bias, dgate, c.h2, W.gate_w->compute);
+    nn::linear_backward(dh2, W.fc_w->grad, db_fc, dfc, c.h2, W.fc_w->compute);
+    nn::add(dh2, dh2, dh2_gate);
+  }
+  Tensor dx_mid = norm_backward(dh2, c.x_mid, W.norm2_w, W.norm2_b, c.mean2, c.rstd2);
+  nn::add(dx_mid, dx_mid, dx_out);
+
+  // Attention branch.
+  Tensor datt = act({B, T, Hq * D});
+  Tensor db_proj = bias_grad(W.proj_b);
+  nn::linear_backward(datt, W.proj_w->grad, db_proj, dx_mid, c.att.o.view({B, T, Hq * D}),
+                      W.proj_w->compute);
+  const attention::Problem problem = attention_problem(l);
+  attention::Gradients g = attention::backward(attention_.impl, problem, c.q, c.k, c.v, c.att,
+                                               datt.view({B, T, Hq, D}), segment_ids_);
+  if (config_.rope()) {
+    nn::rope_backward(g.dq, g.dq, rope_);
+    nn::rope_backward(g.dk, g.dk, rope_);
+  }
+  Tensor dqkv = act({B, T, config_.qkv_width()});
+  FT_ASSERT(g.dk.dim(2) == Hkv);
+  nn::merge_qkv(dqkv, g.dq, g.dk, g.dv);
+  Tensor dh1 = act({B, T, C});
+  Tensor db_qkv = bias_grad(W.qkv_b);
+  nn::linear_backward(dh1, W.qkv_w->grad, db_qkv, dqkv, c.h1, W.qkv_w->compute);
+  dx_in = norm_backward(dh1, x_in, W.norm1_w, W.norm1_b, c.mean1, c.rstd1);
+  nn::add(dx_in, dx_in, dx_mid);
+  c = LayerCache();  // free this layer's activations as soon as they are used
+}
+
+void Transformer::backward(double loss_scale) {
+  FT_CHECK(have_targets_, "backward() needs a forward() with targets first");
+  const int64_t C = config_.n_embd, N = B_ * T_;
+  // The fused classifier writes dlogits over the logits buffer.
+  nn::softmax_cross_entropy(losses_, logits_, logits_, targets_.view({N}), config_.vocab_size,
+                            loss_scale / static_cast<double>(N));
+  Parameter* head = w_->head ? w_->head : w_->wte;
+  Tensor dnorm = act({B_, T_, C});
+  Tensor no_bias;
+  Tensor dnorm_flat = dnorm.view({N, C});
+  nn::linear_backward(dnorm_flat, head->grad, no_bias, logits_, final_norm_.view({N, C}),
+                      head->compute);
+  Tensor dx =
+      norm_backward(dnorm, residual_.back(), w_->normf_w, w_->normf_b, final_mean_, final_rstd_);
+  for (int64_t l = config_.n_layer - 1; l >= 0; --l) {
+    Tensor dx_in;
+    layer_backward(l, dx, dx_in);
+    dx = dx_in;
+  }
+  Tensor dwpe = w_->wpe ? w_->wpe->grad : Tensor();
+  nn::embedding_backward(w_->wte->grad, dwpe, dx, tokens_);
+  have_targets_ = false;  // the logits buffer now holds gradients
+}
+
+}  // namespace ft::models

@@ -1,0 +1,107 @@
+// The transformer skeleton shared by GPT-2 and LLaMA-3 (differences come from ModelConfig):
+//
+//   x = embed(tokens) [+ positions]
+//   per layer:  x += proj(attention(rope?(split(qkv(norm1(x))))))
+//               x += mlp(norm2(x))        gelu: proj(gelu(fc(h)))   swiglu: down(silu(gate(h)) *
+//               up(h))
+//   logits = head(norm_f(x))              (GPT-2: head is the token embedding, tied)
+//   loss = mean cross-entropy over the real vocabulary
+//
+// Every layer runs its explicit forward and backward from src/nn; attention goes through
+// src/attention with the implementation chosen at construction (naive or flash).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attention/attention.h"
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "models/config.h"
+#include "nn/layers.h"
+
+namespace ft::models {
+
+struct Parameter {
+  std::string name;
+  bool decay = false;  // weight decay applies to matrices only
+  Tensor master;       // fp32 (fp64 when computing in fp64): what the optimizer updates
+  Tensor grad;         // dtype of master; accumulated over micro-batches
+  Tensor compute;      // the copy layers read, in the compute dtype (aliases master if equal)
+  Tensor m, v;         // AdamW moments, dtype of master
+
+  // Refresh the compute copy from master (after an update or a load).
+  void sync_compute();
+};
+
+struct AttentionSettings {
+  attention::Impl impl = attention::Impl::naive;
+  int64_t window = 0;        // sliding window (0: none)
+  int64_t global_every = 0;  // with a window: every N-th layer attends fully (0: none)
+};
+
+class Transformer {
+ public:
+  Transformer(const ModelConfig& config, DType compute_dtype, AttentionSettings attention,
+              Device device = Device::cpu);
+  ~Transformer();
+
+  const ModelConfig& config() const { return config_; }
+  DType compute_dtype() const { return compute_dtype_; }
+  DType master_dtype() const { return master_dtype_; }
+
+  // GPT-2 style initialisation: N(0, 0.02), residual projections N(0, 0.02 / sqrt(2 L)),
+  // biases 0, norm weights 1, padded vocabulary rows 0.
+  void init_weights(uint64_t seed);
+
+  // tokens, targets: int32 [B, T] on the CPU. Returns the mean loss over B * T positions.
+  // segment_ids (optional, int32 [B, T]) restricts attention to documents.
+  double forward(const Tensor& tokens, const Tensor& targets, const Tensor& segment_ids = {});
+  // Forward without targets; afterwards logits() holds [B * T, padded_vocab] in compute dtype.
+  void forward_logits(const Tensor& tokens, const Tensor& segment_ids = {});
+  const Tensor& logits() const { return logits_; }
+
+  // Backpropagates the last forward(); d(loss) = loss_scale, parameter grads accumulate.
+  void backward(double loss_scale = 1.0);
+  void zero_grad();
+
+  std::vector<Parameter>& parameters() { return params_; }
+  const std::vector<Parameter>& parameters() const { return params_; }
+  Parameter& parameter(const std::string& name);
+  // Named per-layer parameter, e.g. layer_parameter(3, "attn.qkv.weight").
+  Parameter& layer_parameter(int64_t layer, const std::string& name);
+
+ private:
+  struct LayerCache;
+  struct Weights;
+
+  void build_parameters();
+  void run_forward(const Tensor& tokens, const Tensor& segment_ids);
+  void layer_forward(int64_t l, const Tensor& x_in, Tensor& x_out);
+  void layer_backward(int64_t l, const Tensor& dx_out, Tensor& dx_in);
+  attention::Problem attention_problem(int64_t layer) const;
+  Tensor act(const Shape& shape) const;  // a compute-dtype activation buffer
+  Tensor norm_forward(const Tensor& x, Parameter* w, Parameter* b, Tensor& mean, Tensor& rstd);
+  Tensor norm_backward(const Tensor& dout, const Tensor& x, Parameter* w, Parameter* b,
+                       const Tensor& mean, const Tensor& rstd);
+  Parameter* find(const std::string& name);
+
+  ModelConfig config_;
+  DType compute_dtype_, master_dtype_;
+  AttentionSettings attention_;
+  Device device_;
+  std::vector<Parameter> params_;
+  std::unique_ptr<Weights> w_;
+  nn::RopeTable rope_;
+
+  // Saved by the last forward for backward.
+  int64_t B_ = 0, T_ = 0;
+  Tensor tokens_, targets_, segment_ids_;
+  std::vector<Tensor> residual_;  // residual_[l] is layer l's input; residual_[L] the output
+  std::vector<LayerCache> cache_;
+  Tensor final_mean_, final_rstd_, final_norm_, logits_, losses_;
+  bool have_targets_ = false;
+};
+
+}  // namespace ft::models

@@ -1,0 +1,151 @@
+// llm.c checkpoint files: exact round trips in fp32, bf16 rounding, headers, and bad files.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "core/rng.h"
+#include "models/checkpoint.h"
+#include "test_util.h"
+
+namespace ft::models {
+namespace {
+
+ModelConfig small(const std::string& name) {
+  ModelOverrides o;
+  o.layers = 2;
+  o.width = 32;
+  o.heads = 4;
+  o.vocab = 300;  // not a multiple of 128: exercises the padded rows
+  o.context = 16;
+  if (name == "llama3-tiny") o.kv_heads = 2;
+  return apply_overrides(preset(name), o);
+}
+
+bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+class CheckpointTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CheckpointTest, Fp32RoundTripIsExact) {
+  test::TempDir dir;
+  const ModelConfig config = small(GetParam());
+  Transformer a(config, DType::f32, {});
+  a.init_weights(42);
+  save_checkpoint(dir.file("model.bin"), a, DType::f32);
+
+  const ModelConfig read = read_checkpoint_config(dir.file("model.bin"));
+  EXPECT_EQ(read.family, config.family);
+  EXPECT_EQ(read.n_layer, config.n_layer);
+  EXPECT_EQ(read.n_embd, config.n_embd);
+  EXPECT_EQ(read.n_head, config.n_head);
+  EXPECT_EQ(read.n_kv_head, config.n_kv_head);
+  EXPECT_EQ(read.vocab_size, config.vocab_size);
+  EXPECT_EQ(read.padded_vocab_size, config.padded_vocab_size);
+  EXPECT_EQ(read.ffn_hidden, config.ffn_hidden);
+  EXPECT_EQ(read.max_seq_len, config.max_seq_len);
+
+  Transformer b(read, DType::f32, {});
+  b.init_weights(7);  // different weights, to be overwritten
+  load_checkpoint(dir.file("model.bin"), b);
+  for (size_t i = 0; i < a.parameters().size(); ++i) {
+    EXPECT_TRUE(bitwise_equal(a.parameters()[i].master, b.parameters()[i].master))
+        << a.parameters()[i].name;
+  }
+}
+
+TEST_P(CheckpointTest, Bf16FileHoldsRoundedWeights) {
+  test::TempDir dir;
+  const ModelConfig config = small(GetParam());
+  Transformer a(config, DType::f32, {});
+  a.init_weights(42);
+  save_checkpoint(dir.file("model.bin"), a, DType::bf16);
+  Transformer b(config, DType::f32, {});
+  load_checkpoint(dir.file("model.bin"), b);
+  for (size_t i = 0; i < a.parameters().size(); ++i) {
+    const Tensor rounded = a.parameters()[i].master.to(DType::bf16).to(DType::f32);
+    EXPECT_TRUE(bitwise_equal(rounded, b.parameters()[i].master)) << a.parameters()[i].name;
+  }
+}
+
+TEST_P(CheckpointTest, FileSizeMatchesTheFormat) {
+  test::TempDir dir;
+  const ModelConfig c = small(GetParam());
+  Transformer a(c, DType::f32, {});
+  a.init_weights(1);
+  save_checkpoint(dir.file("model.bin"), a, DType::f32);
+  // GPT-2 stores the padded vocabulary; LLaMA-3 the real one, for the embedding and the head.
+  const int64_t embedding_rows = c.family == Family::gpt2 ? c.padded_vocab_size : c.vocab_size;
+  const int64_t stored = c.num_parameters() - (c.padded_vocab_size - embedding_rows) * c.n_embd *
+                                                  (c.tied_embeddings() ? 1 : 2);
+  const int64_t header = c.family == Family::gpt2 ? 1024 : 2048;
+  EXPECT_EQ(static_cast<int64_t>(std::filesystem::file_size(dir.file("model.bin"))),
+            header + 4 * stored);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, CheckpointTest, ::testing::Values("gpt2-tiny", "llama3-tiny"));
+
+void expect_error_naming(const std::string& path, const std::string& needle) {
+  try {
+    read_checkpoint_config(path);
+    Transformer m(small("gpt2-tiny"), DType::f32, {});
+    load_checkpoint(path, m);
+    FAIL() << "no error for " << path;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(Checkpoint, BadFilesGiveClearErrors) {
+  test::TempDir dir;
+  Transformer a(small("gpt2-tiny"), DType::f32, {});
+  a.init_weights(1);
+  const std::string good = dir.file("good.bin");
+  save_checkpoint(good, a, DType::f32);
+  std::vector<char> bytes(std::filesystem::file_size(good));
+  std::ifstream(good, std::ios::binary)
+      .read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  auto write = [&](const std::string& name, const std::vector<char>& b) {
+    std::ofstream(dir.file(name), std::ios::binary)
+        .write(b.data(), static_cast<std::streamsize>(b.size()));
+    return dir.file(name);
+  };
+  std::vector<char> magic = bytes;
+  magic[0] = 1;
+  expect_error_naming(write("magic.bin", magic), "magic");
+  std::vector<char> version = bytes;
+  version[4] = 9;
+  expect_error_naming(write("version.bin", version), "version");
+  expect_error_naming(write("truncated.bin", std::vector<char>(bytes.begin(), bytes.end() - 100)),
+                      "truncated");
+  expect_error_naming(write("header.bin", std::vector<char>(bytes.begin(), bytes.begin() + 10)),
+                      "truncated");
+  expect_error_naming(dir.file("missing.bin"), "cannot open");
+
+  // A file for another shape does not load into this model.
+  Transformer other(small("llama3-tiny"), DType::f32, {});
+  other.init_weights(1);
+  save_checkpoint(dir.file("llama.bin"), other, DType::f32);
+  try {
+    load_checkpoint(dir.file("llama.bin"), a);
+    FAIL() << "loaded a LLaMA checkpoint into a GPT-2 model";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not match"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Checkpoint, FailedSaveLeavesNoFile) {
+  test::TempDir dir;
+  Transformer a(small("gpt2-tiny"), DType::f32, {});
+  const std::string path = dir.file("no_such_dir/model.bin");
+  EXPECT_THROW(save_checkpoint(path, a, DType::f32), Error);
+  EXPECT_FALSE(std::filesystem::exists(path));
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+}
+
+}  // namespace
+}  // namespace ft::models
