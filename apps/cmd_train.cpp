@@ -1,9 +1,130 @@
+// `flashtrain train`: flags -> TrainConfig -> ft::train::train().
+#include <iostream>
+
 #include "commands.h"
+#include "core/device.h"
+#include "core/error.h"
+#include "models/config.h"
+#include "train/trainer.h"
 
 namespace ft::cli {
+namespace {
+
+struct TrainFlags {
+  train::TrainConfig config;
+  std::string dtype = "fp32", device = "auto", attention = "naive";
+  int64_t layers = 0, width = 0, heads = 0, kv_heads = 0, vocab = 0, context = 0;
+  bool list_models = false;
+};
+
+Device resolve_device(const std::string& flag, std::ostream& out) {
+  if (flag == "cpu") return Device::cpu;
+  if (flag == "cuda") {
+    FT_CHECK(cuda_device_count() > 0, "--device cuda: ", cuda_unavailable_reason());
+    return Device::cuda;
+  }
+  if (cuda_device_count() > 0 && cuda_training_supported()) return Device::cuda;
+  if (cuda_device_count() > 0) {
+    out << "note: a GPU is present, but this build trains on the CPU only (the CUDA training "
+           "backend is not built yet)\n";
+  }
+  return Device::cpu;
+}
+
+void run(TrainFlags& f) {
+  if (f.list_models) {
+    for (const std::string& name : models::preset_names()) {
+      std::cout << models::preset(name).describe() << "\n";
+    }
+    return;
+  }
+  train::TrainConfig& c = f.config;
+  auto positive = [](int64_t v) { return v > 0 ? std::optional<int64_t>(v) : std::nullopt; };
+  c.overrides = {positive(f.layers),   positive(f.width), positive(f.heads),
+                 positive(f.kv_heads), positive(f.vocab), positive(f.context)};
+  c.dtype = parse_dtype(f.dtype);
+  c.device = resolve_device(f.device, std::cout);
+  c.attention.impl = attention::parse_impl(f.attention);
+  FT_CHECK(c.attention.impl != attention::Impl::reference,
+           "--attention reference is the fp64 test oracle; train with naive or flash");
+  train::train(c, std::cout);
+}
+
+}  // namespace
 
 void add_train_command(CLI::App& app) {
-  app.add_subcommand("train", "Train a model");
+  auto flags = std::make_shared<TrainFlags>();
+  train::TrainConfig& c = flags->config;
+  CLI::App* cmd = app.add_subcommand(
+      "train", "Train a GPT-2 or LLaMA-3 model on llm.c token shards, printing one line per step");
+  cmd->add_option("--model", c.model, "Model preset (see --list-models)")->capture_default_str();
+  cmd->add_flag("--list-models", flags->list_models, "List the model presets and exit");
+  cmd->add_option("--layers", flags->layers, "Override the number of layers");
+  cmd->add_option("--width", flags->width, "Override the model width (channels)");
+  cmd->add_option("--heads", flags->heads, "Override the number of query heads");
+  cmd->add_option("--kv-heads", flags->kv_heads, "Override the number of key/value heads");
+  cmd->add_option("--vocab", flags->vocab, "Override the vocabulary size");
+  cmd->add_option("--context", flags->context, "Override the maximum sequence length");
+  cmd->add_option("--load", c.load_path,
+                  "Initialise from an llm.c checkpoint (the model shape comes from its header)");
+  cmd->add_option("--train-data", c.train_data, "Training token shard (a path or a glob)")
+      ->capture_default_str();
+  cmd->add_option("--val-data", c.val_data, "Validation token shard ('' for none)")
+      ->capture_default_str();
+  cmd->add_option("--tokenizer", c.tokenizer, "llm.c tokenizer file used to print samples")
+      ->capture_default_str();
+  cmd->add_option("--batch-size,-b", c.batch_size, "Sequences per micro-batch")
+      ->capture_default_str();
+  cmd->add_option("--seq-len,-t", c.seq_len, "Tokens per sequence")->capture_default_str();
+  cmd->add_option("--total-batch-size", c.total_batch_size,
+                  "Tokens per optimizer step; a multiple of batch x seq-len, reached by "
+                  "gradient accumulation (0: one micro-batch)")
+      ->capture_default_str();
+  cmd->add_option("--steps", c.steps, "Optimizer steps")->capture_default_str();
+  cmd->add_option("--lr", c.lr, "Peak learning rate")->capture_default_str();
+  cmd->add_option("--warmup", c.warmup, "Linear warm-up steps")->capture_default_str();
+  cmd->add_option("--min-lr-frac", c.min_lr_fraction,
+                  "Cosine decay ends at this fraction of the peak learning rate")
+      ->capture_default_str();
+  cmd->add_option("--weight-decay", c.adamw.weight_decay, "AdamW weight decay (matrices only)")
+      ->capture_default_str();
+  cmd->add_option("--grad-clip", c.grad_clip, "Clip the global gradient norm (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--dtype", flags->dtype,
+                  "fp32 or bf16 (bf16 weights and activations, fp32 "
+                  "master weights and accumulation)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
+  cmd->add_option("--device", flags->device, "cpu, cuda, or auto (the GPU when usable)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+  cmd->add_option("--attention", flags->attention, "naive (materialises S x S) or flash")
+      ->check(CLI::IsMember({"naive", "flash"}))
+      ->capture_default_str();
+  cmd->add_option("--window", c.attention.window, "Sliding-window attention width (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--global-every", c.attention.global_every,
+                  "With --window: every N-th layer attends fully (0: none)")
+      ->capture_default_str();
+  cmd->add_option("--seed", c.seed, "Seed for initialisation, shuffling and samples")
+      ->capture_default_str();
+  cmd->add_flag("--shuffle", c.shuffle, "Shuffle batch order per epoch (default: in order)");
+  cmd->add_option("--log", c.log_path, "Write one JSON line per step to this file");
+  cmd->add_option("--save", c.save_path,
+                  "Save an llm.c checkpoint here at the end (and PATH.state for --resume)");
+  cmd->add_option("--save-every", c.save_every, "Also save every N steps (0: end only)")
+      ->capture_default_str();
+  cmd->add_option("--resume", c.resume_path,
+                  "Resume from a checkpoint written by --save (reads PATH.state)");
+  cmd->add_option("--eval-every", c.eval_every,
+                  "Validation loss every N steps (0: only after the last step)")
+      ->capture_default_str();
+  cmd->add_option("--val-steps", c.val_steps, "Validation batches averaged")->capture_default_str();
+  cmd->add_option("--sample-every", c.sample_every, "Print a generated sample every N steps")
+      ->capture_default_str();
+  cmd->add_option("--sample-tokens", c.sample_tokens, "Tokens per generated sample")
+      ->capture_default_str();
+  cmd->callback([flags]() { run(*flags); });
 }
 
 }  // namespace ft::cli

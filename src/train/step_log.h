@@ -1,0 +1,39 @@
+// One record per optimizer step, printed in the InfiniTrain-compatible text format and written
+// as a JSON line with the same fields:
+//   step    2/30 | train loss 4.560387 | lr 1.00e-04 | (81.50 ms | 25128 tok/s | peak used:  5896
+//   MB | peak reserved:  5952 MB)
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace ft::train {
+
+struct StepRecord {
+  int64_t step = 0, total_steps = 0;
+  double train_loss = 0.0, lr = 0.0, ms = 0.0, tokens_per_second = 0.0, grad_norm = 0.0;
+  double peak_used_mb = 0.0, peak_reserved_mb = 0.0;
+  std::optional<double> val_loss;
+};
+
+std::string format_step_line(const StepRecord& r);
+nlohmann::json to_json(const StepRecord& r);
+
+// JSON-lines writer: the first line describes the run ({"event": "run", ...}), then one line
+// per step. Lines are flushed as they are written, so a killed run keeps its log.
+class JsonLog {
+ public:
+  JsonLog() = default;
+  explicit JsonLog(const std::string& path);
+  bool enabled() const { return out_.is_open(); }
+  void write(const nlohmann::json& line);
+
+ private:
+  std::ofstream out_;
+};
+
+}  // namespace ft::train

@@ -1,0 +1,267 @@
+#include "train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <ostream>
+#include <vector>
+
+#include "core/error.h"
+#include "core/memory.h"
+#include "models/checkpoint.h"
+#include "nn/adamw.h"
+#include "train/data_loader.h"
+#include "train/schedule.h"
+#include "train/step_log.h"
+#include "train/tokenizer.h"
+#include "train/train_state.h"
+
+namespace ft::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double elapsed_ms(Clock::time_point since) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - since).count();
+}
+
+double to_mb(int64_t bytes) {
+  return static_cast<double>(bytes) / (1024.0 * 1024.0);
+}
+
+int64_t accumulation_steps(const TrainConfig& c) {
+  const int64_t per_micro = c.batch_size * c.seq_len;
+  const int64_t total = c.total_batch_size > 0 ? c.total_batch_size : per_micro;
+  FT_CHECK(total % per_micro == 0, "total batch size ", total,
+           " tokens is not a multiple of batch size x seq len = ", c.batch_size, " x ", c.seq_len,
+           " = ", per_micro);
+  return total / per_micro;
+}
+
+void check_config(const TrainConfig& c, const models::ModelConfig& m) {
+  FT_CHECK(c.batch_size >= 1, "batch size must be >= 1, got ", c.batch_size);
+  FT_CHECK(c.seq_len >= 1, "seq len must be >= 1, got ", c.seq_len);
+  FT_CHECK(c.seq_len <= m.max_seq_len, "seq len ", c.seq_len, " exceeds the context of ", m.name,
+           " (", m.max_seq_len, "); use a shorter --seq-len or --context");
+  FT_CHECK(c.steps >= 1, "steps must be >= 1, got ", c.steps);
+  FT_CHECK(c.lr > 0 && std::isfinite(c.lr), "lr must be a positive number, got ", c.lr);
+  FT_CHECK(c.warmup >= 0, "warmup must be >= 0, got ", c.warmup);
+  FT_CHECK(c.val_steps >= 1, "val steps must be >= 1, got ", c.val_steps);
+  FT_CHECK(c.dtype == DType::f32 || c.dtype == DType::bf16, "dtype must be fp32 or bf16, got ",
+           dtype_name(c.dtype));
+  accumulation_steps(c);
+}
+
+std::string fingerprint(const TrainConfig& c, const models::ModelConfig& m, int64_t accum) {
+  models::ModelConfig shape = m;
+  shape.name = "model";  // a checkpoint header names the file, not the preset
+  return str(shape.describe(), " | dtype ", dtype_name(c.dtype), " | batch ", c.batch_size, "x",
+             c.seq_len, " x", accum, " | attention ", attention::impl_name(c.attention.impl),
+             " | data ", std::filesystem::path(c.train_data).filename().string());
+}
+
+double evaluate(models::Transformer& model, DataLoader& loader, int64_t max_batches) {
+  loader.reset();
+  const int64_t n = std::min(max_batches, loader.batches_per_epoch());
+  Tensor x, y;
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    loader.next_batch(x, y);
+    sum += model.forward(x, y);
+  }
+  return sum / static_cast<double>(n);
+}
+
+std::string generate(models::Transformer& model, const Tokenizer& tokenizer, int64_t n_tokens,
+                     uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> tokens = {tokenizer.eot_token()};
+  const int64_t context = model.config().max_seq_len;
+  std::vector<float> probs;
+  std::string text;
+  for (int64_t i = 0; i < n_tokens; ++i) {
+    const int64_t start = static_cast<int64_t>(tokens.size()) > context
+                              ? static_cast<int64_t>(tokens.size()) - context
+                              : 0;
+    const int64_t t = static_cast<int64_t>(tokens.size()) - start;
+    Tensor input = Tensor::empty({1, t}, DType::i32);
+    for (int64_t j = 0; j < t; ++j)
+      input.data<int32_t>()[j] = tokens[static_cast<size_t>(start + j)];
+    model.forward_logits(input);
+    nn::softmax_row(probs, model.logits(), t - 1, model.config().vocab_size, 1.0);
+    double u = rng.uniform(), cdf = 0.0;
+    int32_t next = static_cast<int32_t>(probs.size()) - 1;
+    for (size_t v = 0; v < probs.size(); ++v) {
+      cdf += probs[v];
+      if (u < cdf) {
+        next = static_cast<int32_t>(v);
+        break;
+      }
+    }
+    tokens.push_back(next);
+    if (next < tokenizer.vocab_size()) text += tokenizer.decode(next);
+  }
+  return text;
+}
+
+}  // namespace
+
+models::ModelConfig resolve_model_config(const TrainConfig& c) {
+  if (!c.load_path.empty()) return models::read_checkpoint_config(c.load_path);
+  return models::apply_overrides(models::preset(c.model), c.overrides);
+}
+
+TrainSummary train(const TrainConfig& c, std::ostream& out) {
+  const models::ModelConfig mc = resolve_model_config(c);
+  check_config(c, mc);
+  const int64_t accum = accumulation_steps(c);
+  const int64_t tokens_per_step = c.batch_size * c.seq_len * accum;
+
+  DataLoader train_loader(c.train_data, c.batch_size, c.seq_len, c.shuffle, c.seed);
+  train_loader.check_vocab(mc.vocab_size);
+  std::unique_ptr<DataLoader> val_loader;
+  if (!c.val_data.empty()) {
+    val_loader = std::make_unique<DataLoader>(c.val_data, c.batch_size, c.seq_len);
+    val_loader->check_vocab(mc.vocab_size);
+  }
+
+  models::Transformer model(mc, c.dtype, c.attention, c.device);
+  if (!c.load_path.empty()) {
+    models::load_checkpoint(c.load_path, model);
+  } else {
+    model.init_weights(c.seed);
+  }
+  const std::string run_fingerprint = fingerprint(c, mc, accum);
+  int64_t first_step = 1;
+  if (!c.resume_path.empty()) {
+    const TrainState state = load_train_state(c.resume_path + ".state", model, run_fingerprint);
+    train_loader.restore(state.loader);
+    first_step = state.step + 1;
+    FT_CHECK(first_step <= c.steps, c.resume_path, " already completed ", state.step,
+             " steps; --steps ", c.steps, " leaves nothing to do");
+  }
+
+  out << "model:     " << mc.describe() << "\n"
+      << "run:       " << device_name(c.device) << ", " << dtype_name(c.dtype) << ", attention "
+      << attention::impl_name(c.attention.impl) << ", batch " << c.batch_size << " x seq "
+      << c.seq_len << " x accumulation " << accum << " = " << tokens_per_step
+      << " tokens per step\n"
+      << "data:      " << c.train_data << " (" << train_loader.num_tokens() << " tokens)";
+  if (val_loader) out << ", val " << c.val_data << " (" << val_loader->num_tokens() << " tokens)";
+  out << "\n";
+  if (first_step > 1)
+    out << "resumed:   from " << c.resume_path << " after step " << first_step - 1 << "\n";
+  out.flush();
+
+  JsonLog log = c.log_path.empty() ? JsonLog() : JsonLog(c.log_path);
+  log.write({{"event", "run"},
+             {"model", mc.name},
+             {"family", models::family_name(mc.family)},
+             {"parameters", mc.num_parameters()},
+             {"dtype", dtype_name(c.dtype)},
+             {"device", device_name(c.device)},
+             {"attention", attention::impl_name(c.attention.impl)},
+             {"batch_size", c.batch_size},
+             {"seq_len", c.seq_len},
+             {"tokens_per_step", tokens_per_step},
+             {"steps", c.steps},
+             {"seed", c.seed}});
+
+  const LrSchedule schedule{c.lr, c.warmup, c.steps, c.min_lr_fraction};
+  std::vector<Tensor> grads;
+  for (const models::Parameter& p : model.parameters()) grads.push_back(p.grad);
+
+  TrainSummary summary;
+  double timed_ms = 0.0;
+  int64_t timed_steps = 0;
+  Tensor x, y;
+  auto save = [&](int64_t step) {
+    if (c.save_path.empty()) return;
+    models::save_checkpoint(c.save_path, model, c.dtype);
+    save_train_state(c.save_path + ".state", model, {step, train_loader.state(), run_fingerprint});
+  };
+
+  for (int64_t step = first_step; step <= c.steps; ++step) {
+    reset_peak_memory(c.device);
+    const auto t0 = Clock::now();
+    model.zero_grad();
+    double loss = 0.0;
+    for (int64_t micro = 0; micro < accum; ++micro) {
+      train_loader.next_batch(x, y);
+      loss += model.forward(x, y);
+      model.backward(1.0 / static_cast<double>(accum));
+    }
+    loss /= static_cast<double>(accum);
+    const double norm = nn::global_grad_norm(grads);
+    const double clip_scale = (c.grad_clip > 0 && norm > c.grad_clip) ? c.grad_clip / norm : 1.0;
+    const double lr = schedule.lr(step);
+    for (models::Parameter& p : model.parameters()) {
+      if (!p.m.defined()) p.m = Tensor::zeros(p.master.shape(), p.master.dtype());
+      if (!p.v.defined()) p.v = Tensor::zeros(p.master.shape(), p.master.dtype());
+      nn::adamw_update(p.master, p.grad, p.m, p.v, lr, c.adamw, step, clip_scale, p.decay);
+      p.sync_compute();
+    }
+    const double ms = elapsed_ms(t0);
+    FT_CHECK(std::isfinite(loss), "training diverged: loss is ", loss, " at step ", step);
+
+    const MemoryStats mem = memory_stats(c.device);
+    StepRecord r;
+    r.step = step;
+    r.total_steps = c.steps;
+    r.train_loss = loss;
+    r.lr = lr;
+    r.ms = ms;
+    r.tokens_per_second = static_cast<double>(tokens_per_step) / (ms / 1000.0);
+    r.grad_norm = norm;
+    r.peak_used_mb = to_mb(mem.peak_used_bytes);
+    r.peak_reserved_mb = to_mb(mem.peak_reserved_bytes);
+    if (step > first_step || c.steps == first_step) {
+      timed_ms += ms;
+      ++timed_steps;
+    }
+    const bool last = step == c.steps;
+    if (val_loader && ((c.eval_every > 0 && step % c.eval_every == 0) || last)) {
+      r.val_loss = evaluate(model, *val_loader, c.val_steps);
+      summary.final_val_loss = *r.val_loss;
+    }
+    if (!c.quiet) {
+      out << format_step_line(r) << "\n";
+      if (r.val_loss) out << "val loss " << *r.val_loss << "\n";
+      out.flush();
+    }
+    log.write(to_json(r));
+    summary.final_train_loss = loss;
+    summary.losses.push_back(loss);
+    summary.steps_run = step;
+    if (c.save_every > 0 && step % c.save_every == 0 && !last) save(step);
+    if (c.sample_every > 0 && step % c.sample_every == 0 && !last && !c.quiet &&
+        std::filesystem::exists(c.tokenizer)) {
+      out << "sample: " << generate(model, Tokenizer(c.tokenizer), c.sample_tokens, c.seed) << "\n";
+    }
+  }
+  save(c.steps);
+
+  summary.mean_step_ms = timed_steps ? timed_ms / static_cast<double>(timed_steps) : 0.0;
+  summary.tokens_per_second =
+      summary.mean_step_ms > 0 ? tokens_per_step / (summary.mean_step_ms / 1000.0) : 0.0;
+  if (std::filesystem::exists(c.tokenizer) && c.sample_tokens > 0) {
+    summary.sample = generate(model, Tokenizer(c.tokenizer), c.sample_tokens, c.seed);
+  }
+  out << "\n== summary ==\n"
+      << "steps " << summary.steps_run << " | final train loss " << summary.final_train_loss;
+  if (summary.final_val_loss >= 0) out << " | final val loss " << summary.final_val_loss;
+  out << " | " << static_cast<int64_t>(summary.tokens_per_second) << " tok/s | "
+      << summary.mean_step_ms << " ms/step (mean over " << timed_steps << " steps)\n";
+  if (!c.save_path.empty()) out << "saved:     " << c.save_path << " (+ .state for --resume)\n";
+  if (!summary.sample.empty()) out << "sample:\n" << summary.sample << "\n";
+  out.flush();
+  log.write({{"event", "summary"},
+             {"steps", summary.steps_run},
+             {"final_train_loss", summary.final_train_loss},
+             {"final_val_loss", summary.final_val_loss},
+             {"tok_per_s", summary.tokens_per_second},
+             {"mean_step_ms", summary.mean_step_ms}});
+  return summary;
+}
+
+}  // namespace ft::train

@@ -1,0 +1,68 @@
+// The training loop: data, gradient accumulation, clipping, AdamW, schedule, evaluation,
+// samples, logs, checkpoints and exact resume. Knows nothing about command-line flags.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "models/config.h"
+#include "models/transformer.h"
+#include "nn/adamw.h"
+
+namespace ft::train {
+
+struct TrainConfig {
+  // Model: a preset plus overrides, or the shape stored in a checkpoint (load_path).
+  std::string model = "gpt2-tiny";
+  models::ModelOverrides overrides;
+  std::string load_path;
+
+  std::string train_data = "data/tinyshakespeare_train.bin";
+  std::string val_data = "data/tinyshakespeare_val.bin";
+  std::string tokenizer = "data/gpt2_tokenizer.bin";
+
+  int64_t batch_size = 4, seq_len = 64;
+  int64_t total_batch_size = 0;  // tokens per optimizer step; 0 means batch_size * seq_len
+  int64_t steps = 100;
+  double lr = 1e-3, min_lr_fraction = 0.0;
+  int64_t warmup = 0;
+  double grad_clip = 1.0;
+  nn::AdamWConfig adamw;
+
+  DType dtype = DType::f32;
+  Device device = Device::cpu;
+  models::AttentionSettings attention;
+  uint64_t seed = 1337;
+  bool shuffle = false;
+
+  std::string log_path;     // JSON lines
+  std::string save_path;    // llm.c checkpoint; the resume state goes to save_path + ".state"
+  int64_t save_every = 0;   // also save every N steps (0: at the end only)
+  std::string resume_path;  // a checkpoint written by save_path; resumes from its .state
+
+  int64_t eval_every = 0;  // 0: evaluate at the end only (when val data is given)
+  int64_t val_steps = 20;  // batches averaged for the validation loss
+  int64_t sample_every = 0;
+  int64_t sample_tokens = 64;
+  bool quiet = false;  // no per-step lines (tests)
+};
+
+struct TrainSummary {
+  int64_t steps_run = 0;
+  double final_train_loss = 0.0;
+  double final_val_loss = -1.0;    // < 0 when never evaluated
+  double tokens_per_second = 0.0;  // mean over the steps after the first
+  double mean_step_ms = 0.0;
+  std::string sample;
+  std::vector<double> losses;  // train loss of each step run, in order
+};
+
+// Runs training, printing the per-step lines and the closing summary to out.
+TrainSummary train(const TrainConfig& config, std::ostream& out);
+
+// The model that train() builds for a config (preset + overrides, or a checkpoint's header).
+models::ModelConfig resolve_model_config(const TrainConfig& config);
+
+}  // namespace ft::train
