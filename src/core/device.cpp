@@ -1,7 +1,12 @@
 #include "core/device.h"
 
+#include "core/error.h"
+
 #ifdef FLASHTRAIN_WITH_CUDA
 #include <cuda_runtime.h>
+
+#include "core/cuda/gemm.h"
+#include "core/cuda/runtime.h"
 #endif
 
 namespace ft {
@@ -33,22 +38,55 @@ std::string cuda_device_name(int device) {
   return prop.name;
 }
 
+int cuda_compute_capability(int device) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return prop.major * 10 + prop.minor;
+}
+
+void set_tf32(bool allow) {
+  cuda::allow_tf32(allow);
+}
+
+bool cuda_training_supported() {
+  return true;
+}
+
+void synchronize(Device device) {
+  if (device == Device::cuda) cuda::synchronize();
+}
+
 #else
 
 int cuda_device_count() {
   return 0;
 }
+
 std::string cuda_unavailable_reason() {
   return "this flashtrain was built without CUDA (configure with -DFLASHTRAIN_CUDA=ON)";
 }
+
 std::string cuda_device_name(int) {
   return "none";
 }
 
-#endif
+int cuda_compute_capability(int) {
+  return 0;
+}
+
+void set_tf32(bool allow) {
+  FT_CHECK(!allow, "--tf32 needs a flashtrain built with CUDA");
+}
 
 bool cuda_training_supported() {
   return false;
 }
+
+void synchronize(Device) {}
+
+#endif
 
 }  // namespace ft

@@ -3,11 +3,20 @@
 
 #include <string>
 
+#include "core/dtype.h"
+
 namespace ft {
 
 int cuda_device_count();                // 0 without CUDA, a driver or a GPU
 std::string cuda_unavailable_reason();  // why cuda_device_count() is 0 ("" when it is not)
 bool cuda_training_supported();         // the CUDA training backend is compiled in
 std::string cuda_device_name(int device);
+// Compute capability as major * 10 + minor (90 for an H100/H200); 0 without a GPU.
+int cuda_compute_capability(int device);
+// fp32 GEMMs on the GPU use TF32 tensor cores only when allowed (off by default: fp32 mode is
+// true fp32).
+void set_tf32(bool allow);
+// Waits for the device's queued work (a no-op on the CPU).
+void synchronize(Device device);
 
 }  // namespace ft

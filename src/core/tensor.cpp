@@ -6,6 +6,10 @@
 
 #include "core/memory.h"
 
+#ifdef FLASHTRAIN_WITH_CUDA
+#include "core/cuda/tensor_ops.h"
+#endif
+
 namespace ft {
 
 size_t dtype_size(DType t) {
@@ -75,8 +79,26 @@ Storage::~Storage() {
   free_bytes(device_, data_, nbytes_);
 }
 
+#ifndef FLASHTRAIN_WITH_CUDA
+namespace {
+
+[[noreturn]] void no_cuda_build(const char* what) {
+  throw Error(str(what, " on a CUDA tensor, but this flashtrain was built without CUDA ",
+                  "(configure with -DFLASHTRAIN_CUDA=ON)"));
+}
+
+}  // namespace
+#endif
+
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t d : shape) FT_CHECK(d >= 0, "negative dimension in shape ", shape_str(shape));
+  if (device == Device::cuda) {
+#ifdef FLASHTRAIN_WITH_CUDA
+    cuda::ensure_device_ready();
+#else
+    no_cuda_build("Tensor::empty");
+#endif
+  }
   Tensor t;
   t.shape_ = shape;
   t.dtype_ = dtype;
@@ -129,10 +151,6 @@ void convert(Dst* dst, const Src* src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) store(dst[i], load(src[i]));
 }
 
-void require_cpu(const Tensor& t, const char* what) {
-  FT_CHECK(t.device() == Device::cpu, what, " needs a CPU tensor, got ", device_name(t.device()));
-}
-
 }  // namespace
 
 Tensor Tensor::clone() const {
@@ -147,28 +165,53 @@ Tensor Tensor::to(DType dtype) const {
   return t;
 }
 
+Tensor Tensor::to(Device device) const {
+  Tensor t = empty(shape_, dtype_, device);
+  t.copy_from(*this);
+  return t;
+}
+
 void Tensor::copy_from(const Tensor& src) {
   FT_CHECK(src.numel() == numel(), "copy_from: ", shape_str(src.shape()), " into ",
            shape_str(shape_));
-  require_cpu(*this, "copy_from");
-  require_cpu(src, "copy_from");
-  if (src.dtype() == dtype_) {
-    std::memcpy(raw(), src.raw(), nbytes());
+  FT_CHECK(src.dtype() == dtype_ || (dtype_ != DType::i32 && src.dtype() != DType::i32),
+           "cannot convert ", dtype_name(src.dtype()), " to ", dtype_name(dtype_));
+  if (device_ == Device::cpu && src.device() == Device::cpu) {
+    if (src.dtype() == dtype_) {
+      std::memcpy(raw(), src.raw(), nbytes());
+      return;
+    }
+    dispatch_float(dtype_, [&](auto d) {
+      using D = decltype(d);
+      dispatch_float(src.dtype(), [&](auto s) {
+        using S = decltype(s);
+        convert(data<D>(), src.data<S>(), numel());
+      });
+    });
     return;
   }
-  FT_CHECK(dtype_ != DType::i32 && src.dtype() != DType::i32, "cannot convert ",
-           dtype_name(src.dtype()), " to ", dtype_name(dtype_));
-  dispatch_float(dtype_, [&](auto d) {
-    using D = decltype(d);
-    dispatch_float(src.dtype(), [&](auto s) {
-      using S = decltype(s);
-      convert(data<D>(), src.data<S>(), numel());
-    });
-  });
+#ifdef FLASHTRAIN_WITH_CUDA
+  if (src.dtype() == dtype_) {
+    cuda::copy_bytes(raw(), device_, src.raw(), src.device(), nbytes());
+  } else if (src.device() != device_) {
+    copy_from(src.to(device_));  // move, then convert where the result lives
+  } else {
+    cuda::convert(raw(), dtype_, src.raw(), src.dtype(), numel());
+  }
+#else
+  no_cuda_build("copy_from");
+#endif
 }
 
 void Tensor::fill(double value) {
-  require_cpu(*this, "fill");
+  if (device_ == Device::cuda) {
+#ifdef FLASHTRAIN_WITH_CUDA
+    cuda::fill(raw(), dtype_, numel(), value);
+    return;
+#else
+    no_cuda_build("fill");
+#endif
+  }
   if (dtype_ == DType::i32) {
     int32_t* p = data<int32_t>();
     for (int64_t i = 0, n = numel(); i < n; ++i) p[i] = static_cast<int32_t>(value);
@@ -186,18 +229,25 @@ void Tensor::zero() {
     std::memset(raw(), 0, nbytes());
     return;
   }
-  throw Error("Tensor::zero on a device tensor needs the device backend");
+#ifdef FLASHTRAIN_WITH_CUDA
+  cuda::zero_bytes(raw(), nbytes());
+#else
+  no_cuda_build("zero");
+#endif
 }
 
 namespace {
 
+// The tensor itself when it is on the CPU, else a CPU copy.
+Tensor on_cpu(const Tensor& t) {
+  return t.device() == Device::cpu ? t : t.to(Device::cpu);
+}
+
 template <class F>
 void for_pairs(const Tensor& a, const Tensor& b, F&& f) {
   FT_CHECK(a.numel() == b.numel(), "compare: ", shape_str(a.shape()), " vs ", shape_str(b.shape()));
-  require_cpu(a, "compare");
-  require_cpu(b, "compare");
-  const Tensor a64 = a.to(DType::f64);
-  const Tensor b64 = b.to(DType::f64);
+  const Tensor a64 = on_cpu(a).to(DType::f64);
+  const Tensor b64 = on_cpu(b).to(DType::f64);
   const double* pa = a64.data<double>();
   const double* pb = b64.data<double>();
   for (int64_t i = 0, n = a.numel(); i < n; ++i) f(pa[i], pb[i]);
@@ -224,9 +274,9 @@ double relative_error(const Tensor& a, const Tensor& b) {
   return std::sqrt(num / den);
 }
 
-bool all_finite(const Tensor& t) {
-  require_cpu(t, "all_finite");
-  if (t.dtype() == DType::i32) return true;
+bool all_finite(const Tensor& tensor) {
+  if (tensor.dtype() == DType::i32) return true;
+  const Tensor t = on_cpu(tensor);
   bool ok = true;
   dispatch_float(t.dtype(), [&](auto d) {
     using D = decltype(d);

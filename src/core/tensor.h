@@ -39,6 +39,7 @@ class Tensor {
  public:
   Tensor() = default;
 
+  // Device::cuda sets up GPU 0 (cuda::init_device) on first use when nothing else has.
   static Tensor empty(const Shape& shape, DType dtype, Device device = Device::cpu);
   static Tensor zeros(const Shape& shape, DType dtype, Device device = Device::cpu);
 
@@ -64,11 +65,17 @@ class Tensor {
   // Rows [begin, end) along the first dimension, sharing storage.
   Tensor slice(int64_t begin, int64_t end) const;
 
-  // Copies (CPU only for now; a device backend adds transfers).
+  // Copies, on the tensor's device. Each returns a new tensor (never *this, even when nothing
+  // changes). CUDA work is queued on cuda::current_stream(); anything that lands on the CPU is
+  // synchronised first, so the caller may read it at once.
   Tensor clone() const;
-  Tensor to(DType dtype) const;       // converts between float dtypes on the CPU
-  void copy_from(const Tensor& src);  // same shape; converts dtype on the CPU
-  void fill(double value);            // CPU only
+  Tensor to(DType dtype) const;    // converts between float dtypes on the tensor's device
+  Tensor to(Device device) const;  // same dtype and shape on `device` (CPU <-> CUDA transfers)
+  // Same number of elements; any devices and any float dtypes (int32 only to int32). A dtype
+  // change between devices moves the data first and converts on the destination device;
+  // conversions round identically on the CPU and the GPU.
+  void copy_from(const Tensor& src);
+  void fill(double value);  // value converted as store() converts it (bf16: via fp32)
   void zero();
 
  private:
@@ -79,7 +86,7 @@ class Tensor {
   Device device_ = Device::cpu;
 };
 
-// CPU helpers used by tests and tools.
+// Helpers used by tests and tools; CUDA tensors are copied to the CPU first.
 double max_abs_diff(const Tensor& a, const Tensor& b);
 // ||a - b|| / ||b|| over all elements, computed in double.
 double relative_error(const Tensor& a, const Tensor& b);
