@@ -6,6 +6,9 @@
 
 #include "nn/checks.h"
 #include "nn/layers.h"
+#ifdef FLASHTRAIN_WITH_CUDA
+#include "nn/cuda/cuda_layers.h"
+#endif
 
 namespace ft::nn {
 namespace {
@@ -20,8 +23,9 @@ bool parallel_elems(int64_t n) {
   return n >= detail::kParallelMinWork;
 }
 
+// The call runs on x's device; every other tensor is checked against x (check_like).
 void check_input(const Tensor& x, const char* fn, const char* name) {
-  detail::check_defined(x, fn, name);
+  detail::call_device(x, fn, name);
   detail::check_float(x, fn, name);
 }
 
@@ -85,6 +89,9 @@ void gelu_forward(Tensor& out, const Tensor& x) {
   constexpr const char* fn = "gelu_forward";
   check_input(x, fn, "x");
   check_like(out, x, fn, "out", "x");
+#ifdef FLASHTRAIN_WITH_CUDA
+  if (x.device() == Device::cuda) return cuda::gelu_forward(out, x);
+#endif
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     gelu_forward_kernel(out.data<T>(), x.data<T>(), x.numel());
@@ -97,6 +104,9 @@ void gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x) {
   check_like(dout, x, fn, "dout", "x");
   if (!dx.defined()) return;
   check_like(dx, x, fn, "dx", "x");
+#ifdef FLASHTRAIN_WITH_CUDA
+  if (x.device() == Device::cuda) return cuda::gelu_backward(dx, dout, x);
+#endif
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     gelu_backward_kernel(dx.data<T>(), dout.data<T>(), x.data<T>(), x.numel());
@@ -108,6 +118,9 @@ void swiglu_forward(Tensor& out, const Tensor& gate, const Tensor& up) {
   check_input(gate, fn, "gate");
   check_like(up, gate, fn, "up", "gate");
   check_like(out, gate, fn, "out", "gate");
+#ifdef FLASHTRAIN_WITH_CUDA
+  if (gate.device() == Device::cuda) return cuda::swiglu_forward(out, gate, up);
+#endif
   dispatch_float(gate.dtype(), [&](auto tag) {
     using T = decltype(tag);
     swiglu_forward_kernel(out.data<T>(), gate.data<T>(), up.data<T>(), gate.numel());
@@ -122,6 +135,9 @@ void swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tenso
   check_like(dout, gate, fn, "dout", "gate");
   if (dgate.defined()) check_like(dgate, gate, fn, "dgate", "gate");
   if (dup.defined()) check_like(dup, gate, fn, "dup", "gate");
+#ifdef FLASHTRAIN_WITH_CUDA
+  if (gate.device() == Device::cuda) return cuda::swiglu_backward(dgate, dup, dout, gate, up);
+#endif
   dispatch_float(gate.dtype(), [&](auto tag) {
     using T = decltype(tag);
     swiglu_backward_kernel(dgate.defined() ? dgate.data<T>() : nullptr,

@@ -12,13 +12,23 @@
 //
 // global_grad_norm sums squares in fp64 over fixed-size blocks and adds the block sums in
 // order, so the result (and every clipped step) does not depend on the thread count.
+// CUDA tensors go to src/nn/cuda/adamw.cu: the same fp32 operations with the same scalars, and a
+// deterministic two-stage fp64 reduction for the norm.
+//
+// adamw_update_all (the trainer's step over every parameter): on the CPU the per-tensor update
+// and compute.copy_from(master) in a loop; on CUDA one multi-tensor kernel launch for all
+// tensors that also writes the compute copies (see adamw.cu), bit-identical to the loop.
 #include "nn/adamw.h"
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "nn/checks.h"
+#ifdef FLASHTRAIN_WITH_CUDA
+#include "nn/cuda/cuda_layers.h"
+#endif
 
 namespace ft::nn {
 namespace {
@@ -85,9 +95,11 @@ double sum_squares(const T* x, int64_t n) {
 
 }  // namespace
 
-void adamw_update(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, double lr,
-                  const AdamWConfig& cfg, int64_t step, double grad_scale, bool decay) {
-  detail::check_defined(master, kAdam, "master");
+namespace {
+
+void check_update(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
+                  double lr, const AdamWConfig& cfg, int64_t step, double grad_scale) {
+  detail::call_device(master, kAdam, "master");
   FT_CHECK(master.dtype() == DType::f32 || master.dtype() == DType::f64, kAdam, ": master is ",
            dtype_name(master.dtype()), ", expected fp32 (or fp64 in tests)");
   check_state(grad, master, "grad");
@@ -98,6 +110,31 @@ void adamw_update(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, doub
            cfg.beta1, ", ", cfg.beta2, ") must be in [0, 1)");
   FT_CHECK(std::isfinite(lr) && std::isfinite(grad_scale), kAdam, ": lr ", lr, " and grad_scale ",
            grad_scale, " must be finite");
+}
+
+#ifdef FLASHTRAIN_WITH_CUDA
+cuda::AdamWScalars cuda_scalars(double lr, const AdamWConfig& cfg, int64_t step, double grad_scale,
+                                bool decay) {
+  const AdamScalars<float> s = adam_scalars<float>(lr, cfg, step, grad_scale, decay);
+  return {s.decay_mul,     s.one_minus_b1, s.b2,  s.one_minus_b2,
+          s.neg_step_size, s.bc2_sqrt,     s.eps, s.grad_scale};
+}
+#endif
+
+bool has_own_compute(const AdamWTensor& t) {
+  return t.compute.defined() && t.compute.raw() != t.master.raw();
+}
+
+}  // namespace
+
+void adamw_update(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, double lr,
+                  const AdamWConfig& cfg, int64_t step, double grad_scale, bool decay) {
+  check_update(master, grad, m, v, lr, cfg, step, grad_scale);
+#ifdef FLASHTRAIN_WITH_CUDA
+  if (master.device() == Device::cuda) {
+    return cuda::adamw_update(master, grad, m, v, cuda_scalars(lr, cfg, step, grad_scale, decay));
+  }
+#endif
   if (master.dtype() == DType::f32) {
     adamw_kernel(master.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(),
                  master.numel(), adam_scalars<float>(lr, cfg, step, grad_scale, decay));
@@ -107,13 +144,47 @@ void adamw_update(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, doub
   }
 }
 
+void adamw_update_all(std::vector<AdamWTensor>& tensors, double lr, const AdamWConfig& cfg,
+                      int64_t step, double grad_scale) {
+  constexpr const char* fn = "adamw_update_all";
+  if (tensors.empty()) return;
+  const Device device = detail::call_device(tensors[0].master, fn, "master of tensor 0");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const AdamWTensor& t = tensors[i];
+    const std::string name = str("tensor ", i);
+    detail::check_on(t.master, device, fn, (name + " master").c_str());
+    check_update(t.master, t.grad, t.m, t.v, lr, cfg, step, grad_scale);
+    if (!has_own_compute(t)) continue;
+    detail::check_on(t.compute, device, fn, (name + " compute").c_str());
+    FT_CHECK(t.compute.shape() == t.master.shape(), fn, ": ", name, " compute ",
+             shape_str(t.compute.shape()), " does not match master ", shape_str(t.master.shape()));
+    detail::check_float(t.compute, fn, (name + " compute").c_str());
+  }
+#ifdef FLASHTRAIN_WITH_CUDA
+  if (device == Device::cuda) {
+    return cuda::adamw_update_all(tensors, cuda_scalars(lr, cfg, step, grad_scale, true),
+                                  cuda_scalars(lr, cfg, step, grad_scale, false).decay_mul);
+  }
+#endif
+  for (AdamWTensor& t : tensors) {
+    adamw_update(t.master, t.grad, t.m, t.v, lr, cfg, step, grad_scale, t.decay);
+    if (has_own_compute(t)) t.compute.copy_from(t.master);
+  }
+}
+
 double global_grad_norm(const std::vector<Tensor>& grads) {
-  double total = 0.0;
+  constexpr const char* fn = "global_grad_norm";
+  if (grads.empty()) return 0.0;
+  const Device device = detail::call_device(grads[0], fn, "gradient 0");
   for (size_t i = 0; i < grads.size(); ++i) {
-    const Tensor& g = grads[i];
-    FT_CHECK(g.defined(), "global_grad_norm: gradient ", i, " is undefined");
-    FT_CHECK(g.device() == Device::cpu, "global_grad_norm: gradient ", i, " is on ",
-             device_name(g.device()), ", only the CPU is implemented");
+    const std::string name = str("gradient ", i);
+    detail::check_on(grads[i], device, fn, name.c_str());
+  }
+#ifdef FLASHTRAIN_WITH_CUDA
+  if (device == Device::cuda) return cuda::global_grad_norm(grads);
+#endif
+  double total = 0.0;
+  for (const Tensor& g : grads) {
     dispatch_float(g.dtype(), [&](auto tag) {
       using T = decltype(tag);
       total += sum_squares(g.data<T>(), g.numel());

@@ -19,6 +19,23 @@ struct AdamWConfig {
 void adamw_update(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, double lr,
                   const AdamWConfig& cfg, int64_t step, double grad_scale, bool decay);
 
+// One parameter tensor for adamw_update_all: the arguments of adamw_update, plus an optional
+// compute copy (e.g. bf16) that is refreshed from the updated master, as
+// models::Parameter::sync_compute does. An undefined compute, or one sharing master's memory,
+// is skipped.
+struct AdamWTensor {
+  Tensor master, grad, m, v;
+  bool decay = false;
+  Tensor compute;
+};
+
+// adamw_update over every tensor with one lr, step and grad_scale, then the compute copies.
+// Equal bit for bit to adamw_update per tensor followed by compute.copy_from(master). CUDA: one
+// kernel launch for all tensors (fp32 masters; compute copies fp32 or bf16). All tensors on one
+// device.
+void adamw_update_all(std::vector<AdamWTensor>& tensors, double lr, const AdamWConfig& cfg,
+                      int64_t step, double grad_scale);
+
 // sqrt(sum over tensors of sum(g^2)), accumulated in fp64.
 double global_grad_norm(const std::vector<Tensor>& grads);
 

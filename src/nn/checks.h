@@ -18,6 +18,24 @@ inline void check_defined(const Tensor& t, const char* fn, const char* name) {
            ", only the CPU is implemented");
 }
 
+// The device a call runs on: its first input's (`t`, checked to be defined). Every other tensor
+// of the call must be on it (check_on). A build without CUDA rejects a GPU tensor here, before
+// any CPU kernel could touch its memory.
+inline Device call_device(const Tensor& t, const char* fn, const char* name) {
+  FT_CHECK(t.defined(), fn, ": ", name, " is undefined");
+#ifndef FLASHTRAIN_WITH_CUDA
+  FT_CHECK(t.device() == Device::cpu, fn, ": ", name, " is on ", device_name(t.device()),
+           " but flashtrain was built without CUDA");
+#endif
+  return t.device();
+}
+
+inline void check_on(const Tensor& t, Device device, const char* fn, const char* name) {
+  FT_CHECK(t.defined(), fn, ": ", name, " is undefined");
+  FT_CHECK(t.device() == device, fn, ": ", name, " is on ", device_name(t.device()),
+           " but the call runs on ", device_name(device), " (all tensors of a call on one device)");
+}
+
 inline void check_dtype(const Tensor& t, DType want, const char* fn, const char* name) {
   FT_CHECK(t.dtype() == want, fn, ": ", name, " is ", dtype_name(t.dtype()), ", expected ",
            dtype_name(want));
@@ -32,10 +50,10 @@ inline void check_shape(const Tensor& t, const Shape& want, const char* fn, cons
            shape_str(want));
 }
 
-// `other` must match `ref` in shape and dtype (e.g. an output against its input).
+// `other` must match `ref` in device, shape and dtype (e.g. an output against its input).
 inline void check_like(const Tensor& other, const Tensor& ref, const char* fn, const char* name,
                        const char* ref_name) {
-  check_defined(other, fn, name);
+  check_on(other, ref.device(), fn, name);
   FT_CHECK(other.shape() == ref.shape(), fn, ": ", name, " ", shape_str(other.shape()),
            " does not match ", ref_name, " ", shape_str(ref.shape()));
   FT_CHECK(other.dtype() == ref.dtype(), fn, ": ", name, " is ", dtype_name(other.dtype()), " but ",

@@ -5,6 +5,8 @@
 // dloss; each logit is read before its gradient overwrites it, so dlogits may alias logits. Padding
 // columns [V, Vp) never enter the softmax and get gradient 0. Rows are independent: parallel over
 // rows. Traffic: logits read three times (mostly from cache for one row), dlogits written once.
+// CUDA logits go to src/nn/cuda/classifier.cu (targets may stay on the CPU); softmax_row copies
+// one CUDA row to the host.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -12,6 +14,9 @@
 
 #include "nn/checks.h"
 #include "nn/layers.h"
+#ifdef FLASHTRAIN_WITH_CUDA
+#include "nn/cuda/cuda_layers.h"
+#endif
 
 namespace ft::nn {
 namespace {
@@ -76,8 +81,16 @@ void cross_entropy_kernel(acc_t<T>* losses, T* dlogits, const T* logits, const i
   }
 }
 
-// Targets are checked before the parallel region: an exception must not escape one.
-void check_targets(const Tensor& targets, int64_t N, int64_t V) {
+// Targets are checked before the parallel region: an exception must not escape one. A CUDA call
+// may keep its targets on the GPU: they are copied to the host for the check. Returns the
+// targets on the CPU.
+Tensor check_targets(const Tensor& targets, Device device, int64_t N, int64_t V) {
+  FT_CHECK(targets.defined(), kCe, ": targets is undefined");
+  if (targets.device() != Device::cpu) {
+    FT_CHECK(device == Device::cuda, kCe, ": targets are on ", device_name(targets.device()),
+             " but the call runs on ", device_name(device));
+    return check_targets(targets.to(Device::cpu), device, N, V);
+  }
   detail::check_defined(targets, kCe, "targets");
   detail::check_dtype(targets, DType::i32, kCe, "targets");
   FT_CHECK(targets.numel() == N, kCe, ": targets ", shape_str(targets.shape()), " must hold ", N,
@@ -86,41 +99,52 @@ void check_targets(const Tensor& targets, int64_t N, int64_t V) {
   for (int64_t i = 0; i < N; ++i) {
     FT_CHECK(t[i] >= 0 && t[i] < V, kCe, ": target ", t[i], " at row ", i, " outside [0, ", V, ")");
   }
+  return targets;
 }
 
 }  // namespace
 
 void softmax_cross_entropy(Tensor& losses, Tensor& dlogits, const Tensor& logits,
                            const Tensor& targets, int64_t V, double dloss) {
-  detail::check_defined(logits, kCe, "logits");
+  const Device device = detail::call_device(logits, kCe, "logits");
   detail::check_float(logits, kCe, "logits");
   FT_CHECK(logits.ndim() >= 1, kCe, ": logits must be [N, Vp], got ", shape_str(logits.shape()));
   const int64_t Vp = logits.dim(-1), N = detail::rows_of(logits);
   FT_CHECK(V > 0 && V <= Vp, kCe, ": V ", V, " must be in [1, ", Vp, "] for logits ",
            shape_str(logits.shape()));
-  check_targets(targets, N, V);
-  detail::check_defined(losses, kCe, "losses");
+  const Tensor targets_cpu = check_targets(targets, device, N, V);
+  detail::check_on(losses, device, kCe, "losses");
   detail::check_dtype(losses, detail::acc_dtype_of(logits.dtype()), kCe, "losses");
   FT_CHECK(losses.numel() == N, kCe, ": losses ", shape_str(losses.shape()), " must hold ", N,
            " values, one per row of logits ", shape_str(logits.shape()));
   if (dlogits.defined()) detail::check_like(dlogits, logits, kCe, "dlogits", "logits");
+#ifdef FLASHTRAIN_WITH_CUDA
+  if (device == Device::cuda) {
+    return cuda::softmax_cross_entropy(losses, dlogits, logits, targets, V, dloss);
+  }
+#endif
   dispatch_float(logits.dtype(), [&](auto tag) {
     using T = decltype(tag);
     cross_entropy_kernel(losses.data<acc_t<T>>(), dlogits.defined() ? dlogits.data<T>() : nullptr,
-                         logits.data<T>(), targets.data<int32_t>(), N, Vp, V, dloss);
+                         logits.data<T>(), targets_cpu.data<int32_t>(), N, Vp, V, dloss);
   });
 }
 
 void softmax_row(std::vector<float>& probs, const Tensor& logits, int64_t row, int64_t V,
                  double temperature) {
   constexpr const char* fn = "softmax_row";
-  detail::check_defined(logits, fn, "logits");
+  detail::call_device(logits, fn, "logits");
   detail::check_float(logits, fn, "logits");
   const int64_t Vp = logits.dim(-1), N = detail::rows_of(logits);
   FT_CHECK(row >= 0 && row < N, fn, ": row ", row, " outside [0, ", N, ") for logits ",
            shape_str(logits.shape()));
   FT_CHECK(V > 0 && V <= Vp, fn, ": V ", V, " must be in [1, ", Vp, "]");
   FT_CHECK(temperature > 0, fn, ": temperature ", temperature, " must be > 0");
+  if (logits.device() != Device::cpu) {
+    // Sampling is off the hot path: bring the one row over and use the CPU code.
+    const Tensor host_row = logits.view({N, Vp}).slice(row, row + 1).to(Device::cpu);
+    return softmax_row(probs, host_row, 0, V, temperature);
+  }
   probs.resize(static_cast<size_t>(V));
   dispatch_float(logits.dtype(), [&](auto tag) {
     using T = decltype(tag);

@@ -5,19 +5,35 @@
 // tokens are first bucketed by vocabulary id (a counting sort that keeps token order), then
 // each vocabulary row is owned by one thread and sums its tokens in order; dwpe rows are owned
 // by position and sum over the batch in order. The result does not depend on the thread count.
+// CUDA calls (src/nn/cuda/embedding.cu) accept token ids on either device; they are checked
+// (and, for the backward, grouped) on the host.
 #include <vector>
 
 #include "nn/checks.h"
 #include "nn/layers.h"
+#ifdef FLASHTRAIN_WITH_CUDA
+#include "nn/cuda/cuda_layers.h"
+#endif
 
 namespace ft::nn {
 namespace {
 
 using detail::check_defined;
 using detail::check_dtype;
+using detail::check_on;
 
 constexpr const char* kFwd = "embedding_forward";
 constexpr const char* kBwd = "embedding_backward";
+
+// The token ids on the CPU, for the range check and the CPU kernels. A CUDA call may keep its
+// tokens on the GPU (they are copied here); a CPU call needs them on the CPU.
+Tensor host_tokens(const Tensor& tokens, Device device, const char* fn) {
+  FT_CHECK(tokens.defined(), fn, ": tokens is undefined");
+  if (tokens.device() == Device::cpu) return tokens;
+  FT_CHECK(device == Device::cuda, fn, ": tokens are on ", device_name(tokens.device()),
+           " but the call runs on ", device_name(device));
+  return tokens.to(Device::cpu);
+}
 
 // Tokens must be checked before any parallel region: an exception must not escape one.
 void check_tokens(const Tensor& tokens, int64_t vocab, const char* fn) {
@@ -97,31 +113,35 @@ void backward_wpe(acc_t<T>* dwpe, const T* dout, int64_t B, int64_t T_len, int64
 }  // namespace
 
 void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe) {
-  check_defined(wte, kFwd, "wte");
+  const Device device = detail::call_device(wte, kFwd, "wte");
   detail::check_float(wte, kFwd, "wte");
   FT_CHECK(wte.ndim() == 2, kFwd, ": wte must be [V, C], got ", shape_str(wte.shape()));
-  check_tokens(tokens, wte.dim(0), kFwd);
+  const Tensor tokens_cpu = host_tokens(tokens, device, kFwd);
+  check_tokens(tokens_cpu, wte.dim(0), kFwd);
   const int64_t B = tokens.dim(0), T_len = tokens.dim(1), C = wte.dim(1);
   if (wpe.defined()) {
-    check_defined(wpe, kFwd, "wpe");
+    check_on(wpe, device, kFwd, "wpe");
     check_dtype(wpe, wte.dtype(), kFwd, "wpe");
     FT_CHECK(wpe.ndim() == 2 && wpe.dim(1) == C, kFwd, ": wpe ", shape_str(wpe.shape()),
              " must be [maxT, ", C, "] to match wte ", shape_str(wte.shape()));
     FT_CHECK(T_len <= wpe.dim(0), kFwd, ": sequence length ", T_len, " exceeds wpe rows ",
              wpe.dim(0));
   }
-  check_defined(out, kFwd, "out");
+  check_on(out, device, kFwd, "out");
   detail::check_shape(out, {B, T_len, C}, kFwd, "out");
   check_dtype(out, wte.dtype(), kFwd, "out");
+#ifdef FLASHTRAIN_WITH_CUDA
+  if (device == Device::cuda) return cuda::embedding_forward(out, tokens, wte, wpe);
+#endif
   dispatch_float(wte.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    forward_kernel(out.data<T>(), tokens.data<int32_t>(), wte.data<T>(),
+    forward_kernel(out.data<T>(), tokens_cpu.data<int32_t>(), wte.data<T>(),
                    wpe.defined() ? wpe.data<T>() : nullptr, B, T_len, C);
   });
 }
 
 void embedding_backward(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Tensor& tokens) {
-  check_defined(dout, kBwd, "dout");
+  const Device device = detail::call_device(dout, kBwd, "dout");
   detail::check_float(dout, kBwd, "dout");
   FT_CHECK(dout.ndim() == 3, kBwd, ": dout must be [B, T, C], got ", shape_str(dout.shape()));
   const int64_t B = dout.dim(0), T_len = dout.dim(1), C = dout.dim(2);
@@ -129,25 +149,31 @@ void embedding_backward(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Te
            tokens.defined() ? shape_str(tokens.shape()) : "undefined", " must be [", B, ", ", T_len,
            "] to match dout ", shape_str(dout.shape()));
   const DType acc = detail::acc_dtype_of(dout.dtype());
+  Tensor tokens_cpu;  // only the dwte part reads the ids
   if (dwte.defined()) {
-    check_defined(dwte, kBwd, "dwte");
+    check_on(dwte, device, kBwd, "dwte");
     check_dtype(dwte, acc, kBwd, "dwte");
     FT_CHECK(dwte.ndim() == 2 && dwte.dim(1) == C, kBwd, ": dwte ", shape_str(dwte.shape()),
              " must be [V, ", C, "] to match dout ", shape_str(dout.shape()));
-    check_tokens(tokens, dwte.dim(0), kBwd);
+    tokens_cpu = host_tokens(tokens, device, kBwd);
+    check_tokens(tokens_cpu, dwte.dim(0), kBwd);
   }
   if (dwpe.defined()) {
-    check_defined(dwpe, kBwd, "dwpe");
+    check_on(dwpe, device, kBwd, "dwpe");
     check_dtype(dwpe, acc, kBwd, "dwpe");
     FT_CHECK(dwpe.ndim() == 2 && dwpe.dim(1) == C && dwpe.dim(0) >= T_len, kBwd, ": dwpe ",
              shape_str(dwpe.shape()), " must be [maxT >= ", T_len, ", ", C, "] to match dout ",
              shape_str(dout.shape()));
   }
+#ifdef FLASHTRAIN_WITH_CUDA
+  if (device == Device::cuda) return cuda::embedding_backward(dwte, dwpe, dout, tokens_cpu);
+#endif
   dispatch_float(dout.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
     if (dwte.defined()) {
-      const TokenBuckets buckets = bucket_tokens(tokens.data<int32_t>(), B * T_len, dwte.dim(0));
+      const TokenBuckets buckets =
+          bucket_tokens(tokens_cpu.data<int32_t>(), B * T_len, dwte.dim(0));
       backward_wte(dwte.data<A>(), dout.data<T>(), buckets, C);
     }
     if (dwpe.defined()) backward_wpe(dwpe.data<A>(), dout.data<T>(), B, T_len, C);

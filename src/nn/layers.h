@@ -8,7 +8,9 @@
 // - Input gradients (dx, dinp, ...) are WRITTEN (=). An undefined input-gradient tensor means
 //   "not needed" and is skipped.
 // - Shapes are checked; a mismatch throws ft::Error naming both shapes.
-// - Only the CPU is implemented here; other devices dispatch from the same entry points.
+// - Every tensor of a call is on one device (CPU or CUDA; token and target ids may stay on the
+//   CPU for a CUDA call). CUDA calls dispatch from these entry points to src/nn/cuda after the
+//   same argument checks; CUDA computes in fp32 and bf16 only (fp64 is a clear error).
 #pragma once
 
 #include <vector>
@@ -30,6 +32,13 @@ void linear_forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tenso
 void linear_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp,
                      const Tensor& w);
 
+// Linear layer with GELU (tanh) in its epilogue: pre = inp @ w^T + b (kept for backward),
+// out = gelu(pre), out shaped like pre. CPU: linear_forward then gelu_forward (bit-identical).
+// CUDA: one cuBLASLt GEMM with the GELU_AUX_BIAS epilogue when b is defined and OC % 8 == 0
+// (cuBLASLt's alignment rule for the pre-GELU output), else the two unfused calls.
+void linear_gelu_forward(Tensor& pre, Tensor& out, const Tensor& inp, const Tensor& w,
+                         const Tensor& b);
+
 // LayerNorm over the last dimension C. mean, rstd: [N] in the accumulation dtype (saved for
 // backward).
 void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& w,
@@ -42,6 +51,25 @@ void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& w
 void rmsnorm_backward(Tensor& dx, Tensor& dw, const Tensor& dout, const Tensor& x, const Tensor& w,
                       const Tensor& rstd);
 
+// Residual add fused with the norm that reads its result (the transformer's
+// `x = a + b; h = norm(x)`): x_out = a + b in the compute dtype, h = norm(x_out), statistics
+// saved as by the unfused norm. Bit-identical to add() then *norm_forward() on the CPU; one
+// kernel on CUDA (a and b read once, x_out and h written once). h must not alias x_out, a or b;
+// x_out may alias a or b.
+void add_layernorm_forward(Tensor& x_out, Tensor& h, Tensor& mean, Tensor& rstd, const Tensor& a,
+                           const Tensor& b, const Tensor& w, const Tensor& bias, double eps);
+void add_rmsnorm_forward(Tensor& x_out, Tensor& h, Tensor& rstd, const Tensor& a, const Tensor& b,
+                         const Tensor& w, double eps);
+// Norm backward that ACCUMULATES its input gradient into the residual gradient:
+// dresidual += dx (dx rounded to the compute dtype first, exactly as *norm_backward() then
+// add() would form it: bit-identical on the CPU). dw/db accumulate as usual. dresidual must be
+// defined and must not alias dout or x.
+void layernorm_backward_add(Tensor& dresidual, Tensor& dw, Tensor& db, const Tensor& dout,
+                            const Tensor& x, const Tensor& w, const Tensor& mean,
+                            const Tensor& rstd);
+void rmsnorm_backward_add(Tensor& dresidual, Tensor& dw, const Tensor& dout, const Tensor& x,
+                          const Tensor& w, const Tensor& rstd);
+
 // GELU, tanh approximation (GPT-2's).
 void gelu_forward(Tensor& out, const Tensor& x);
 void gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x);
@@ -53,15 +81,20 @@ void swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tenso
 
 // Rotary position embedding on x [B, T, H, D], rotating interleaved pairs (x[2i], x[2i+1]) by
 // angle t * freq_i (Meta's and llm.c's layout). The table holds cos and sin [maxT, D/2] in fp64
-// and is built once per model.
+// and is built once per model. For CUDA tensors the table also needs its GPU copy
+// (make_rope_table(..., Device::cuda)).
 struct RopeTable {
-  Tensor cos, sin;  // fp64 [max_seq_len, head_dim / 2]
+  Tensor cos, sin;  // fp64 [max_seq_len, head_dim / 2], CPU
+  // fp32 [max_seq_len, head_dim / 2] on the GPU (the values the kernels round the fp64 table
+  // to); undefined unless the table was built for Device::cuda.
+  Tensor cos_device, sin_device;
   int64_t max_seq_len = 0, head_dim = 0;
 };
 // freq_i = theta^(-2i/D); llama31_scaling applies Llama 3.1's frequency scaling
-// (factor 8, low/high frequency factors 1 and 4, original context 8192).
-RopeTable make_rope_table(int64_t max_seq_len, int64_t head_dim, double theta,
-                          bool llama31_scaling);
+// (factor 8, low/high frequency factors 1 and 4, original context 8192). device == cuda also
+// fills cos_device / sin_device; the CPU tables are always there.
+RopeTable make_rope_table(int64_t max_seq_len, int64_t head_dim, double theta, bool llama31_scaling,
+                          Device device = Device::cpu);
 void rope_forward(Tensor& out, const Tensor& x, const RopeTable& table);     // out may alias x
 void rope_backward(Tensor& dx, const Tensor& dout, const RopeTable& table);  // dx may alias dout
 

@@ -5,17 +5,25 @@
 // Backward: dinp = dout @ w (written); dw += dout^T @ inp with beta = 1 into the fp32 (or fp64)
 // gradient, so bf16 weight gradients accumulate in fp32; db += column sums of dout.
 // FLOPs: 2*N*IC*OC forward, twice that backward.
+// linear_gelu_forward (GPT-2's fc + GELU): on the CPU the two unfused calls; on the GPU the GELU
+// rides in the GEMM's epilogue (src/nn/cuda/linear.cu), saving the GELU kernel's read of pre and
+// write of out beyond what the GEMM writes anyway.
+// The call runs on inp's device; every tensor must be there. CUDA tensors go to
+// src/nn/cuda/linear.cu (cuBLASLt) after the same checks.
 #include <algorithm>
 
 #include "core/blas.h"
 #include "nn/checks.h"
 #include "nn/layers.h"
+#ifdef FLASHTRAIN_WITH_CUDA
+#include "nn/cuda/cuda_layers.h"
+#endif
 
 namespace ft::nn {
 namespace {
 
-using detail::check_defined;
 using detail::check_dtype;
+using detail::check_on;
 using detail::check_shape;
 
 constexpr const char* kFwd = "linear_forward";
@@ -25,10 +33,11 @@ struct LinearShape {
   int64_t rows, in_features, out_features;
 };
 
-// Checks inp [..., IC] against w [OC, IC] (both the compute dtype) and returns N, IC, OC.
+// Checks inp [..., IC] against w [OC, IC] (both the compute dtype, both on inp's device) and
+// returns N, IC, OC.
 LinearShape check_weights(const Tensor& inp, const Tensor& w, const char* fn) {
-  check_defined(inp, fn, "inp");
-  check_defined(w, fn, "w");
+  const Device device = detail::call_device(inp, fn, "inp");
+  check_on(w, device, fn, "w");
   detail::check_float(inp, fn, "inp");
   check_dtype(w, inp.dtype(), fn, "w");
   FT_CHECK(inp.ndim() >= 1 && w.ndim() == 2 && w.dim(1) == inp.dim(-1), fn, ": w ",
@@ -38,9 +47,9 @@ LinearShape check_weights(const Tensor& inp, const Tensor& w, const char* fn) {
 }
 
 // `t` holds N rows of OC features: last dimension OC, N * OC elements in all.
-void check_rows(const Tensor& t, const LinearShape& s, DType dtype, const char* fn,
+void check_rows(const Tensor& t, const LinearShape& s, DType dtype, Device device, const char* fn,
                 const char* name) {
-  check_defined(t, fn, name);
+  check_on(t, device, fn, name);
   check_dtype(t, dtype, fn, name);
   FT_CHECK(t.ndim() >= 1 && t.dim(-1) == s.out_features && t.numel() == s.rows * s.out_features, fn,
            ": ", name, " ", shape_str(t.shape()), " must hold ", s.rows, " rows of ",
@@ -83,11 +92,14 @@ void bias_grad_kernel(acc_t<T>* db, const T* dout, int64_t N, int64_t OC) {
 void linear_forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tensor& b) {
   const LinearShape s = check_weights(inp, w, kFwd);
   if (b.defined()) {
-    check_defined(b, kFwd, "b");
+    check_on(b, inp.device(), kFwd, "b");
     check_dtype(b, inp.dtype(), kFwd, "b");
     check_shape(b, {s.out_features}, kFwd, "b");
   }
-  check_rows(out, s, inp.dtype(), kFwd, "out");
+  check_rows(out, s, inp.dtype(), inp.device(), kFwd, "out");
+#ifdef FLASHTRAIN_WITH_CUDA
+  if (inp.device() == Device::cuda) return cuda::linear_forward(out, inp, w, b);
+#endif
   dispatch_float(inp.dtype(), [&](auto tag) {
     using T = decltype(tag);
     forward_kernel(out.data<T>(), inp.data<T>(), w.data<T>(), b.defined() ? b.data<T>() : nullptr,
@@ -95,22 +107,46 @@ void linear_forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tenso
   });
 }
 
+void linear_gelu_forward(Tensor& pre, Tensor& out, const Tensor& inp, const Tensor& w,
+                         const Tensor& b) {
+  constexpr const char* fn = "linear_gelu_forward";
+  const LinearShape s = check_weights(inp, w, fn);
+  check_rows(pre, s, inp.dtype(), inp.device(), fn, "pre");
+  detail::check_like(out, pre, fn, "out", "pre");
+  FT_CHECK(out.raw() != pre.raw(), fn, ": out must not alias pre (backward needs pre)");
+#ifdef FLASHTRAIN_WITH_CUDA
+  if (inp.device() == Device::cuda) {
+    if (b.defined()) {
+      check_on(b, inp.device(), fn, "b");
+      check_dtype(b, inp.dtype(), fn, "b");
+      check_shape(b, {s.out_features}, fn, "b");
+    }
+    return cuda::linear_gelu_forward(pre, out, inp, w, b);
+  }
+#endif
+  linear_forward(pre, inp, w, b);
+  gelu_forward(out, pre);
+}
+
 void linear_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp,
                      const Tensor& w) {
   const LinearShape s = check_weights(inp, w, kBwd);
   const DType acc = detail::acc_dtype_of(inp.dtype());
-  check_rows(dout, s, inp.dtype(), kBwd, "dout");
+  check_rows(dout, s, inp.dtype(), inp.device(), kBwd, "dout");
   if (dinp.defined()) detail::check_like(dinp, inp, kBwd, "dinp", "inp");
   if (dw.defined()) {
-    check_defined(dw, kBwd, "dw");
+    check_on(dw, inp.device(), kBwd, "dw");
     check_dtype(dw, acc, kBwd, "dw");
     check_shape(dw, w.shape(), kBwd, "dw");
   }
   if (db.defined()) {
-    check_defined(db, kBwd, "db");
+    check_on(db, inp.device(), kBwd, "db");
     check_dtype(db, acc, kBwd, "db");
     check_shape(db, {s.out_features}, kBwd, "db");
   }
+#ifdef FLASHTRAIN_WITH_CUDA
+  if (inp.device() == Device::cuda) return cuda::linear_backward(dinp, dw, db, dout, inp, w);
+#endif
   const int64_t N = s.rows, IC = s.in_features, OC = s.out_features;
   dispatch_float(inp.dtype(), [&](auto tag) {
     using T = decltype(tag);

@@ -7,6 +7,9 @@
 
 #include "nn/checks.h"
 #include "nn/layers.h"
+#ifdef FLASHTRAIN_WITH_CUDA
+#include "nn/cuda/cuda_layers.h"
+#endif
 
 namespace ft::nn {
 namespace {
@@ -15,21 +18,22 @@ struct QkvShape {
   int64_t tokens, q_width, kv_width;  // q_width = Hq*D, kv_width = Hkv*D
 };
 
-// q [B, T, Hq, D], k and v [B, T, Hkv, D], fused [B, T, (Hq + 2 Hkv) * D], one dtype.
+// q [B, T, Hq, D], k and v [B, T, Hkv, D], fused [B, T, (Hq + 2 Hkv) * D], one dtype, all on
+// q's device.
 QkvShape check_qkv(const Tensor& fused, const Tensor& q, const Tensor& k, const Tensor& v,
                    const char* fn, const char* fused_name) {
-  detail::check_defined(q, fn, "q");
+  detail::call_device(q, fn, "q");
   detail::check_float(q, fn, "q");
   FT_CHECK(q.ndim() == 4, fn, ": q must be [B, T, Hq, D], got ", shape_str(q.shape()));
   const int64_t B = q.dim(0), T = q.dim(1), Hq = q.dim(2), D = q.dim(3);
-  detail::check_defined(k, fn, "k");
+  detail::check_on(k, q.device(), fn, "k");
   FT_CHECK(k.ndim() == 4 && k.dim(0) == B && k.dim(1) == T && k.dim(3) == D, fn, ": k ",
            shape_str(k.shape()), " must be [", B, ", ", T, ", Hkv, ", D, "] to match q ",
            shape_str(q.shape()));
   const int64_t Hkv = k.dim(2);
   detail::check_like(v, k, fn, "v", "k");
   detail::check_dtype(k, q.dtype(), fn, "k");
-  detail::check_defined(fused, fn, fused_name);
+  detail::check_on(fused, q.device(), fn, fused_name);
   detail::check_dtype(fused, q.dtype(), fn, fused_name);
   detail::check_shape(fused, {B, T, (Hq + 2 * Hkv) * D}, fn, fused_name);
   return {B * T, Hq * D, Hkv * D};
@@ -56,6 +60,9 @@ void add_kernel(T* out, const T* a, const T* b, int64_t n) {
 
 void split_qkv(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv) {
   const QkvShape s = check_qkv(qkv, q, k, v, "split_qkv", "qkv");
+#ifdef FLASHTRAIN_WITH_CUDA
+  if (q.device() == Device::cuda) return cuda::split_qkv(q, k, v, qkv);
+#endif
   const int64_t row = s.q_width + 2 * s.kv_width;
   const size_t elem = dtype_size(qkv.dtype());
   const char* src = static_cast<const char*>(qkv.raw());
@@ -68,6 +75,9 @@ void split_qkv(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv) {
 
 void merge_qkv(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   const QkvShape s = check_qkv(dqkv, dq, dk, dv, "merge_qkv", "dqkv");
+#ifdef FLASHTRAIN_WITH_CUDA
+  if (dq.device() == Device::cuda) return cuda::merge_qkv(dqkv, dq, dk, dv);
+#endif
   const int64_t row = s.q_width + 2 * s.kv_width;
   const size_t elem = dtype_size(dqkv.dtype());
   char* dst = static_cast<char*>(dqkv.raw());
@@ -80,10 +90,13 @@ void merge_qkv(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& d
 
 void add(Tensor& out, const Tensor& a, const Tensor& b) {
   constexpr const char* fn = "add";
-  detail::check_defined(a, fn, "a");
+  detail::call_device(a, fn, "a");
   detail::check_float(a, fn, "a");
   detail::check_like(b, a, fn, "b", "a");
   detail::check_like(out, a, fn, "out", "a");
+#ifdef FLASHTRAIN_WITH_CUDA
+  if (a.device() == Device::cuda) return cuda::add(out, a, b);
+#endif
   dispatch_float(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
     add_kernel(out.data<T>(), a.data<T>(), b.data<T>(), a.numel());

@@ -3,11 +3,15 @@
 // optionally rescaled as in Llama 3.1. The cos/sin table is fp64 so fp64 gradient checks see
 // no table rounding; the kernels convert it to the accumulation dtype. Backward is the inverse
 // rotation (the map is orthogonal). Memory bound: one read and one write per element.
+// CUDA tensors use the table's fp32 GPU copy (make_rope_table(..., Device::cuda)).
 #include <cmath>
 #include <numbers>
 
 #include "nn/checks.h"
 #include "nn/layers.h"
+#ifdef FLASHTRAIN_WITH_CUDA
+#include "nn/cuda/cuda_layers.h"
+#endif
 
 namespace ft::nn {
 namespace {
@@ -31,7 +35,7 @@ double llama31_scale_freq(double freq) {
   return (1.0 - smooth) * freq / kLlamaFactor + smooth * freq;
 }
 
-void check_table(const RopeTable& table, const char* fn) {
+void check_table(const RopeTable& table, Device device, const char* fn) {
   const Shape want{table.max_seq_len, table.head_dim / 2};
   FT_CHECK(table.cos.defined() && table.sin.defined(), fn,
            ": the RoPE table is empty (build it with make_rope_table)");
@@ -40,11 +44,20 @@ void check_table(const RopeTable& table, const char* fn) {
   FT_CHECK(table.cos.shape() == want && table.sin.shape() == want, fn, ": RoPE table cos ",
            shape_str(table.cos.shape()), " / sin ", shape_str(table.sin.shape()), " must be ",
            shape_str(want));
+  if (device != Device::cuda) return;
+  FT_CHECK(table.cos_device.defined() && table.sin_device.defined(), fn,
+           ": the RoPE table has no GPU copy for CUDA tensors (build it with make_rope_table(..., "
+           "Device::cuda))");
+  for (const Tensor* t : {&table.cos_device, &table.sin_device}) {
+    FT_CHECK(t->device() == Device::cuda && t->dtype() == DType::f32 && t->shape() == want, fn,
+             ": the RoPE table's GPU copy must be fp32 ", shape_str(want), " on cuda, got ",
+             dtype_name(t->dtype()), " ", shape_str(t->shape()), " on ", device_name(t->device()));
+  }
 }
 
 // x [B, T, H, D] against the table: D == head_dim, T <= max_seq_len.
 void check_rope_input(const Tensor& x, const RopeTable& table, const char* fn, const char* name) {
-  detail::check_defined(x, fn, name);
+  detail::call_device(x, fn, name);
   detail::check_float(x, fn, name);
   FT_CHECK(x.ndim() == 4, fn, ": ", name, " must be [B, T, H, D], got ", shape_str(x.shape()));
   FT_CHECK(x.dim(3) == table.head_dim, fn, ": ", name, " ", shape_str(x.shape()), " has head_dim ",
@@ -79,9 +92,12 @@ void rotate_kernel(T* out, const T* x, const double* cos_tab, const double* sin_
 
 void rotate(Tensor& out, const Tensor& x, const RopeTable& table, int direction, const char* fn,
             const char* out_name, const char* in_name) {
-  check_table(table, fn);
+  check_table(table, x.defined() ? x.device() : Device::cpu, fn);
   check_rope_input(x, table, fn, in_name);
   detail::check_like(out, x, fn, out_name, in_name);
+#ifdef FLASHTRAIN_WITH_CUDA
+  if (x.device() == Device::cuda) return cuda::rope_rotate(out, x, table, direction);
+#endif
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     rotate_kernel(out.data<T>(), x.data<T>(), table.cos.data<double>(), table.sin.data<double>(),
@@ -91,8 +107,8 @@ void rotate(Tensor& out, const Tensor& x, const RopeTable& table, int direction,
 
 }  // namespace
 
-RopeTable make_rope_table(int64_t max_seq_len, int64_t head_dim, double theta,
-                          bool llama31_scaling) {
+RopeTable make_rope_table(int64_t max_seq_len, int64_t head_dim, double theta, bool llama31_scaling,
+                          Device device) {
   FT_CHECK(max_seq_len > 0, "make_rope_table: max_seq_len ", max_seq_len, " must be > 0");
   FT_CHECK(head_dim > 0 && head_dim % 2 == 0, "make_rope_table: head_dim ", head_dim,
            " must be positive and even");
@@ -113,6 +129,13 @@ RopeTable make_rope_table(int64_t max_seq_len, int64_t head_dim, double theta,
       cos_tab[t * half + i] = std::cos(angle);
       sin_tab[t * half + i] = std::sin(angle);
     }
+  }
+  if (device == Device::cuda) {
+#ifdef FLASHTRAIN_WITH_CUDA
+    cuda::upload_rope_table(table);
+#else
+    throw Error("make_rope_table: a table for cuda, but flashtrain was built without CUDA");
+#endif
   }
   return table;
 }

@@ -1,0 +1,88 @@
+// The CUDA implementations behind the entry points of nn/layers.h and nn/adamw.h. Only the
+// entry points call these: they check every argument (shapes, dtypes, one device, token and
+// target ranges) first, so these functions assume valid arguments. They queue work on
+// ft::cuda::current_stream() and return without synchronising unless a result must reach the
+// host (global_grad_norm). Compute dtypes are fp32 and bf16; fp64 is rejected with a clear
+// error. Same conventions as layers.h: parameter gradients are fp32 and accumulated (+=), input
+// gradients are written (=), an undefined tensor is skipped.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+#include "nn/adamw.h"
+#include "nn/layers.h"
+
+namespace ft::nn::cuda {
+
+// ---- layers (src/nn/cuda: embedding, norms, activations, rope, qkv, classifier, adamw) ----
+
+// tokens: int32 [B, T] on the GPU or the CPU (copied over). host_tokens: the same ids on the
+// CPU (backward buckets them there, which keeps it deterministic without atomics).
+void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe);
+void embedding_backward(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Tensor& host_tokens);
+
+void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& w,
+                       const Tensor& b, double eps);
+void layernorm_backward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& x,
+                        const Tensor& w, const Tensor& mean, const Tensor& rstd);
+void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& w, double eps);
+void rmsnorm_backward(Tensor& dx, Tensor& dw, const Tensor& dout, const Tensor& x, const Tensor& w,
+                      const Tensor& rstd);
+// x_out = a + b, out = norm(x_out) in one kernel; mean undefined: RMSNorm (bias undefined too).
+void add_norm_forward(Tensor& x_out, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a,
+                      const Tensor& b, const Tensor& w, const Tensor& bias, double eps);
+// dresidual += dx of the norm (dx rounded to the compute dtype first); mean undefined: RMSNorm;
+// db may be undefined.
+void norm_backward_add(Tensor& dresidual, Tensor& dw, Tensor& db, const Tensor& dout,
+                       const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd);
+
+void gelu_forward(Tensor& out, const Tensor& x);
+void gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x);
+void swiglu_forward(Tensor& out, const Tensor& gate, const Tensor& up);
+void swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tensor& gate,
+                     const Tensor& up);
+
+// Fills table.cos_device / sin_device (fp32 copies of the fp64 table on the GPU).
+void upload_rope_table(RopeTable& table);
+// direction +1: forward rotation, -1: backward (inverse) rotation; out may alias x.
+void rope_rotate(Tensor& out, const Tensor& x, const RopeTable& table, int direction);
+
+void split_qkv(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv);
+void merge_qkv(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv);
+void add(Tensor& out, const Tensor& a, const Tensor& b);
+
+// targets: int32 [N] on the GPU or the CPU (copied over), already range-checked.
+void softmax_cross_entropy(Tensor& losses, Tensor& dlogits, const Tensor& logits,
+                           const Tensor& targets, int64_t V, double dloss);
+
+// The per-step scalars of AdamW, formed in fp64 and rounded to fp32 on the host exactly as the
+// CPU update forms them (src/nn/adamw.cpp), so both devices run the same fp32 operations.
+struct AdamWScalars {
+  float decay_mul, one_minus_b1, b2, one_minus_b2, neg_step_size, bc2_sqrt, eps, grad_scale;
+};
+void adamw_update(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, const AdamWScalars& s);
+// adamw_update for every tensor in ONE launch (s.decay_mul applies to tensors with decay,
+// no_decay_mul to the others), writing each tensor's compute copy (bf16 or fp32, when defined
+// and not master itself) in the same kernel. Arguments checked by nn::adamw_update_all.
+void adamw_update_all(const std::vector<AdamWTensor>& tensors, const AdamWScalars& s,
+                      float no_decay_mul);
+// sqrt(sum of squares) of fp32/bf16 GPU tensors, fp64 accumulation, deterministic two-stage
+// reduction; synchronises to return the value.
+double global_grad_norm(const std::vector<Tensor>& grads);
+
+// ---- linear (src/nn/cuda/linear.cu, cuBLASLt) ----
+
+// out = inp @ w^T + b through cuBLASLt with the bias in its epilogue (b may be undefined).
+void linear_forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tensor& b);
+// pre = inp @ w^T + b, out = gelu_tanh(pre): one GEMM with the GELU_AUX_BIAS epilogue when b
+// is defined and OC % 8 == 0, else linear_forward + gelu_forward.
+void linear_gelu_forward(Tensor& pre, Tensor& out, const Tensor& inp, const Tensor& w,
+                         const Tensor& b);
+// dinp = dout @ w; dw += dout^T @ inp (fp32, beta = 1); db += column sums of dout
+// (deterministic). Undefined dinp, dw or db are skipped.
+void linear_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp,
+                     const Tensor& w);
+
+}  // namespace ft::nn::cuda

@@ -1,0 +1,188 @@
+// Fully connected layer on the GPU: the products go through cuBLASLt (core/cuda/gemm.h), the
+// bias gradient through a deterministic two-pass column reduction.
+//
+// Forward: out[N, OC] = inp[N, IC] @ w[OC, IC]^T + b, the bias added in cuBLASLt's epilogue, so
+// a bf16 output is rounded once, after the bias is in (as on the CPU).
+// Backward: dinp = dout @ w (beta = 0, written); dw += dout^T @ inp (beta = 1 straight into the
+// fp32 gradient: bf16 operands, fp32 accumulation and fp32 C, no bf16 rounding of dw).
+// db += column sums of dout: pass 1 gives each (256-row chunk, 32-column tile) block one fp32
+// partial sum per column, reading dout once, coalesced along the columns; pass 2 adds a
+// column's partials in chunk order. The order of every addition is fixed by the shape alone,
+// so db is bitwise reproducible (no atomics). Traffic: N*OC*sizeof(T) read, chunks*OC*4 bytes
+// written and read back.
+// FLOPs: 2*N*IC*OC forward, twice that backward.
+//
+// linear_gelu_forward: the same GEMM with cuBLASLt's GELU_AUX_BIAS epilogue, which writes the
+// pre-activation (pre = inp @ w^T + b, kept for backward) and gelu(pre) from the accumulator in
+// one pass. Which GELU: NVIDIA's cuBLAS documentation of cublasLtEpilogue_t (and cublasLt.h)
+// says only "apply GELU point-wise transform to the results (x := GELU(x))" and gives no
+// formula; we found no statement in it that the epilogue is the tanh approximation. GPT-2
+// needs the tanh form, so tests/nn/test_fused_layers.cpp compares the epilogue's output with
+// the CPU's tanh GELU of the same pre values at a tolerance (2e-5 absolute in fp32) 20x below
+// the largest tanh-vs-erf difference (4.7e-4 at |x| = 2.7), on inputs that cover that range,
+// and tests/core/test_cuda_gemm.cpp prints the distance to both forms. Should the epilogue
+// turn out to be the erf form on some cuBLAS version, those tests fail rather than the model
+// training with the wrong activation.
+// Saved against linear_forward + gelu_forward: the GELU kernel's read of pre and its write of
+// out (2 * N * OC elements of traffic, one launch); the GEMM's extra write of out remains.
+// Fallback (b undefined, or OC % 8 != 0, cuBLASLt's rule for the aux output): the two calls.
+#include <algorithm>
+
+#include "core/cuda/gemm.h"
+#include "nn/checks.h"
+#include "nn/cuda/common.cuh"
+#include "nn/cuda/cuda_layers.h"
+
+namespace ft::nn::cuda {
+namespace {
+
+constexpr int kTileCols = 32;  // threads along the columns (one warp: coalesced rows)
+constexpr int kRowLanes = 16;  // threads along the rows of a chunk
+constexpr int64_t kMinChunkRows = 256;
+constexpr int64_t kMaxChunks = 65535;  // gridDim.y limit
+
+template <class T>
+__global__ void column_partial_sums_kernel(float* partial, const T* dout, int64_t rows,
+                                           int64_t cols, int64_t chunk_rows) {
+  __shared__ float lane_sums[kRowLanes][kTileCols + 1];
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kTileCols + threadIdx.x;
+  const int64_t row_begin = static_cast<int64_t>(blockIdx.y) * chunk_rows;
+  const int64_t row_end = std::min(rows, row_begin + chunk_rows);
+  float sum = 0.0f;
+  if (col < cols) {
+    for (int64_t r = row_begin + threadIdx.y; r < row_end; r += kRowLanes) {
+      sum += to_f32(dout[r * cols + col]);
+    }
+  }
+  lane_sums[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < cols) {
+    float total = 0.0f;
+    for (int y = 0; y < kRowLanes; ++y) total += lane_sums[y][threadIdx.x];
+    partial[static_cast<int64_t>(blockIdx.y) * cols + col] = total;
+  }
+}
+
+__global__ void add_partials_kernel(float* db, const float* partial, int64_t chunks, int64_t cols) {
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (col >= cols) return;
+  float total = 0.0f;
+  for (int64_t c = 0; c < chunks; ++c) total += partial[c * cols + col];
+  db[col] += total;
+}
+
+template <class T>
+void bias_grad(float* db, const T* dout, int64_t rows, int64_t cols) {
+  if (rows == 0 || cols == 0) return;
+  const int64_t chunk_rows = std::max(kMinChunkRows, ceil_div(rows, kMaxChunks));
+  const int64_t chunks = ceil_div(rows, chunk_rows);
+  Tensor partial = Tensor::empty({chunks, cols}, DType::f32, Device::cuda);
+  const dim3 grid(static_cast<unsigned>(ceil_div(cols, kTileCols)), static_cast<unsigned>(chunks));
+  const dim3 block(kTileCols, kRowLanes);
+  column_partial_sums_kernel<<<grid, block, 0, stream()>>>(partial.data<float>(), dout, rows, cols,
+                                                           chunk_rows);
+  FT_CUDA_CHECK_LAUNCH();
+  constexpr int kThreads = 256;
+  add_partials_kernel<<<static_cast<unsigned>(ceil_div(cols, kThreads)), kThreads, 0, stream()>>>(
+      db, partial.data<float>(), chunks, cols);
+  FT_CUDA_CHECK_LAUNCH();
+}
+
+// A row-major product with K >= 1 leading dimensions (cuBLASLt rejects ld 0 even when the
+// dimension is empty).
+int64_t ld(int64_t cols) {
+  return std::max<int64_t>(cols, 1);
+}
+
+}  // namespace
+
+void linear_forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tensor& b) {
+  dispatch_cuda_float(inp.dtype(), "linear_forward", [](auto) {});
+  const int64_t IC = w.dim(1), OC = w.dim(0), N = detail::rows_of(inp);
+  ft::cuda::GemmArgs g;
+  g.trans_b = true;
+  g.M = N;
+  g.N = OC;
+  g.K = IC;
+  g.A = inp.raw();
+  g.lda = ld(IC);
+  g.B = w.raw();
+  g.ldb = ld(IC);
+  g.C = out.raw();
+  g.ldc = ld(OC);
+  g.ab_dtype = g.c_dtype = inp.dtype();
+  if (b.defined()) {
+    g.epilogue = ft::cuda::Epilogue::bias;
+    g.bias = b.raw();
+  }
+  ft::cuda::gemm(g);
+}
+
+void linear_gelu_forward(Tensor& pre, Tensor& out, const Tensor& inp, const Tensor& w,
+                         const Tensor& b) {
+  dispatch_cuda_float(inp.dtype(), "linear_gelu_forward", [](auto) {});
+  const int64_t IC = w.dim(1), OC = w.dim(0), N = detail::rows_of(inp);
+  if (!b.defined() || OC % 8 != 0 || IC == 0) {
+    linear_forward(pre, inp, w, b);
+    gelu_forward(out, pre);
+    return;
+  }
+  ft::cuda::GemmArgs g;
+  g.trans_b = true;
+  g.M = N;
+  g.N = OC;
+  g.K = IC;
+  g.A = inp.raw();
+  g.lda = ld(IC);
+  g.B = w.raw();
+  g.ldb = ld(IC);
+  g.C = out.raw();
+  g.ldc = OC;
+  g.ab_dtype = g.c_dtype = inp.dtype();
+  g.epilogue = ft::cuda::Epilogue::bias_gelu;
+  g.bias = b.raw();
+  g.pre_gelu = pre.raw();
+  ft::cuda::gemm(g);
+}
+
+void linear_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp,
+                     const Tensor& w) {
+  const int64_t IC = w.dim(1), OC = w.dim(0), N = detail::rows_of(inp);
+  dispatch_cuda_float(inp.dtype(), "linear_backward", [&](auto tag) {
+    using T = decltype(tag);
+    if (dinp.defined()) {  // dinp[N, IC] = dout[N, OC] @ w[OC, IC]
+      ft::cuda::GemmArgs g;
+      g.M = N;
+      g.N = IC;
+      g.K = OC;
+      g.A = dout.raw();
+      g.lda = ld(OC);
+      g.B = w.raw();
+      g.ldb = ld(IC);
+      g.C = dinp.raw();
+      g.ldc = ld(IC);
+      g.ab_dtype = g.c_dtype = inp.dtype();
+      ft::cuda::gemm(g);
+    }
+    if (dw.defined()) {  // dw[OC, IC] += dout[N, OC]^T @ inp[N, IC], fp32 C
+      ft::cuda::GemmArgs g;
+      g.trans_a = true;
+      g.M = OC;
+      g.N = IC;
+      g.K = N;
+      g.A = dout.raw();
+      g.lda = ld(OC);
+      g.B = inp.raw();
+      g.ldb = ld(IC);
+      g.C = dw.raw();
+      g.ldc = ld(IC);
+      g.ab_dtype = inp.dtype();
+      g.c_dtype = DType::f32;
+      g.beta = 1.0f;
+      ft::cuda::gemm(g);
+    }
+    if (db.defined()) bias_grad(db.data<float>(), ptr<T>(dout), N, OC);
+  });
+}
+
+}  // namespace ft::nn::cuda

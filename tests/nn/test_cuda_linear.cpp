@@ -1,0 +1,194 @@
+// The CUDA linear layer against the CPU layer on the same fresh random inputs: forward with and
+// without bias, backward (dinp written, dw and db accumulated: two calls give twice the
+// gradient on top of what was there), undefined gradients skipped, odd shapes, 3-d inputs and
+// a GPT-2-sized 512 x 768 -> 2304 product; fp32 with TF32 off at 1e-5 relative, bf16 within
+// bf16 rounding of the CPU bf16 path. Outputs are poisoned with NaN first. Mixed devices and
+// fp64 on the GPU are clear errors. Skips itself without a GPU or without CUDA.
+#include <gtest/gtest.h>
+
+#include <limits>
+
+#include "core/device.h"
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "nn/layers.h"
+
+#ifdef FLASHTRAIN_WITH_CUDA
+#include "core/cuda/gemm.h"
+#endif
+
+namespace ft::nn {
+namespace {
+
+#ifdef FLASHTRAIN_WITH_CUDA
+#define FT_REQUIRE_GPU()                                                   \
+  if (cuda_device_count() == 0) GTEST_SKIP() << cuda_unavailable_reason(); \
+  ::ft::cuda::allow_tf32(false)
+#else
+#define FT_REQUIRE_GPU() GTEST_SKIP() << "built without CUDA"
+#endif
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+Tensor randn(const Shape& shape, DType dtype, uint64_t seed, double std = 1.0) {
+  Tensor t = Tensor::empty(shape, dtype);
+  Rng rng(seed);
+  fill_normal(t, rng, 0.0, std);
+  return t;
+}
+
+Tensor poisoned(const Shape& shape, DType dtype, Device device) {
+  Tensor t = Tensor::empty(shape, dtype, device);
+  t.fill(kNaN);
+  return t;
+}
+
+void expect_close(const Tensor& got, const Tensor& want, double tol, const char* what) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  ASSERT_EQ(got.dtype(), want.dtype()) << what;
+  EXPECT_EQ(got.device(), Device::cuda) << what;
+  EXPECT_TRUE(all_finite(got)) << what << " has NaN/Inf (an unwritten element?)";
+  const double err = relative_error(got, want);
+  EXPECT_LT(err, tol) << what << ": relative error " << err << " vs the CPU layer";
+}
+
+// fp32: both devices are within fp32 rounding of the exact product (1e-6 scale). bf16: each
+// output is rounded to bf16 once on either device (2^-9 relative at most), so the two differ
+// by about one bf16 ulp in a fraction of elements: ~3e-3 in norm at most.
+double tol_for(DType dtype) {
+  return dtype == DType::f32 ? 1e-5 : 1e-2;
+}
+
+struct LinearCase {
+  Shape inp_shape;  // [..., IC]
+  int64_t out_features;
+  DType dtype;
+  bool bias;
+};
+
+void check_linear(const LinearCase& lc, uint64_t seed) {
+  SCOPED_TRACE(str("inp ", shape_str(lc.inp_shape), " OC=", lc.out_features, " ",
+                   dtype_name(lc.dtype), lc.bias ? " bias" : " no bias"));
+  const int64_t IC = lc.inp_shape.back(), OC = lc.out_features;
+  const DType acc = DType::f32;
+  Shape out_shape = lc.inp_shape;
+  out_shape.back() = OC;
+  // Scaled like a trained layer (w ~ 1/sqrt(IC)) so outputs are O(1).
+  const Tensor inp = randn(lc.inp_shape, lc.dtype, seed);
+  const Tensor w = randn({OC, IC}, lc.dtype, seed + 1, 1.0 / std::sqrt(static_cast<double>(IC)));
+  const Tensor b = lc.bias ? randn({OC}, lc.dtype, seed + 2) : Tensor();
+  const Tensor dout = randn(out_shape, lc.dtype, seed + 3);
+  const Tensor dw0 = randn({OC, IC}, acc, seed + 4), db0 = randn({OC}, acc, seed + 5);
+
+  // CPU layer.
+  Tensor out_cpu = Tensor::empty(out_shape, lc.dtype);
+  linear_forward(out_cpu, inp, w, b);
+  Tensor dinp_cpu = Tensor::empty(lc.inp_shape, lc.dtype);
+  Tensor dw_cpu = dw0.clone(), db_cpu = lc.bias ? db0.clone() : Tensor();
+  linear_backward(dinp_cpu, dw_cpu, db_cpu, dout, inp, w);
+  linear_backward(dinp_cpu, dw_cpu, db_cpu, dout, inp, w);
+
+  // GPU layer, outputs poisoned, parameter gradients starting from the same non-zero values.
+  const Tensor inp_g = inp.to(Device::cuda), w_g = w.to(Device::cuda),
+               dout_g = dout.to(Device::cuda);
+  const Tensor b_g = lc.bias ? b.to(Device::cuda) : Tensor();
+  Tensor out_g = poisoned(out_shape, lc.dtype, Device::cuda);
+  linear_forward(out_g, inp_g, w_g, b_g);
+  expect_close(out_g, out_cpu, tol_for(lc.dtype), "out");
+
+  Tensor dinp_g = poisoned(lc.inp_shape, lc.dtype, Device::cuda);
+  Tensor dw_g = dw0.to(Device::cuda), db_g = lc.bias ? db0.to(Device::cuda) : Tensor();
+  linear_backward(dinp_g, dw_g, db_g, dout_g, inp_g, w_g);
+  linear_backward(dinp_g, dw_g, db_g, dout_g, inp_g, w_g);  // dw, db accumulate; dinp rewritten
+  expect_close(dinp_g, dinp_cpu, tol_for(lc.dtype), "dinp");
+  // dw and db are fp32 sums of exact bf16 products on both devices: fp32 tolerance throughout.
+  expect_close(dw_g, dw_cpu, 1e-5, "dw (initial + 2 x gradient)");
+  if (lc.bias) expect_close(db_g, db_cpu, 1e-5, "db (initial + 2 x gradient)");
+
+  // Only what is asked for: an undefined dinp and db skip, dw still accumulates.
+  Tensor none_inp, none_b;
+  Tensor dw_only = Tensor::zeros({OC, IC}, acc, Device::cuda);
+  linear_backward(none_inp, dw_only, none_b, dout_g, inp_g, w_g);
+  Tensor dw_once = Tensor::zeros({OC, IC}, acc);
+  linear_backward(none_inp, dw_once, none_b, dout, inp, w);
+  expect_close(dw_only, dw_once, 1e-5, "dw alone");
+}
+
+TEST(CudaLinear, MatchesCpuFp32) {
+  FT_REQUIRE_GPU();
+  uint64_t seed = 1;
+  for (bool bias : {true, false}) {
+    check_linear({{6, 5}, 7, DType::f32, bias}, seed += 10);        // nothing a multiple of 8
+    check_linear({{2, 19, 37}, 13, DType::f32, bias}, seed += 10);  // 3-d input, odd sizes
+    check_linear({{4, 16, 64}, 96, DType::f32, bias}, seed += 10);  // aligned
+  }
+}
+
+TEST(CudaLinear, MatchesCpuBf16) {
+  FT_REQUIRE_GPU();
+  uint64_t seed = 100;
+  for (bool bias : {true, false}) {
+    check_linear({{6, 5}, 7, DType::bf16, bias}, seed += 10);
+    check_linear({{2, 19, 37}, 13, DType::bf16, bias}, seed += 10);
+    check_linear({{4, 16, 64}, 96, DType::bf16, bias}, seed += 10);
+  }
+}
+
+TEST(CudaLinear, RealisticGpt2Shape) {
+  FT_REQUIRE_GPU();
+  check_linear({{512, 768}, 2304, DType::bf16, true}, 200);
+  check_linear({{512, 768}, 2304, DType::f32, true}, 210);
+}
+
+// Many rows: the bias gradient reduction splits rows into several chunks.
+TEST(CudaLinear, BiasGradientOverManyRowsIsDeterministic) {
+  FT_REQUIRE_GPU();
+  const int64_t N = 3000, IC = 8, OC = 45;
+  const Tensor inp = randn({N, IC}, DType::bf16, 300).to(Device::cuda);
+  const Tensor w = randn({OC, IC}, DType::bf16, 301).to(Device::cuda);
+  const Tensor dout_cpu = randn({N, OC}, DType::bf16, 302);
+  const Tensor dout = dout_cpu.to(Device::cuda);
+  Tensor none_inp, none_w;
+  Tensor db1 = Tensor::zeros({OC}, DType::f32, Device::cuda);
+  Tensor db2 = Tensor::zeros({OC}, DType::f32, Device::cuda);
+  linear_backward(none_inp, none_w, db1, dout, inp, w);
+  linear_backward(none_inp, none_w, db2, dout, inp, w);
+  EXPECT_EQ(max_abs_diff(db1, db2), 0.0) << "same inputs, different bias gradients";
+  // Against an fp64 column sum of the same bf16 values.
+  const Tensor d64 = dout_cpu.to(DType::f64);
+  Tensor want = Tensor::zeros({OC}, DType::f64);
+  for (int64_t r = 0; r < N; ++r) {
+    for (int64_t o = 0; o < OC; ++o) want.data<double>()[o] += d64.data<double>()[r * OC + o];
+  }
+  EXPECT_LT(relative_error(db1, want), 1e-5);
+}
+
+TEST(CudaLinear, MixedDevicesAndFp64AreClearErrors) {
+  FT_REQUIRE_GPU();
+  const Tensor inp = randn({4, 8}, DType::f32, 400).to(Device::cuda);
+  const Tensor w_cpu = randn({3, 8}, DType::f32, 401);
+  Tensor out = Tensor::empty({4, 3}, DType::f32, Device::cuda);
+  Tensor none;
+  try {
+    linear_forward(out, inp, w_cpu, none);
+    FAIL() << "a CPU weight with a CUDA input did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("w is on cpu"), std::string::npos) << e.what();
+  }
+  Tensor out_cpu = Tensor::empty({4, 3}, DType::f32);
+  EXPECT_THROW(linear_forward(out_cpu, inp, w_cpu.to(Device::cuda), none), Error);
+  const Tensor w = w_cpu.to(Device::cuda);
+  Tensor db_cpu = Tensor::zeros({3}, DType::f32),
+         dw = Tensor::zeros({3, 8}, DType::f32, Device::cuda);
+  EXPECT_THROW(linear_backward(none, dw, db_cpu, out, inp, w), Error);
+  Tensor out64 = Tensor::empty({4, 3}, DType::f64, Device::cuda);
+  try {
+    linear_forward(out64, inp.to(DType::f64), w.to(DType::f64), none);
+    FAIL() << "fp64 on the GPU did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fp64"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace ft::nn
