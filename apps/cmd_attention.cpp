@@ -9,7 +9,12 @@
 
 #include "attention/attention.h"
 #include "commands.h"
+#include "core/device.h"
 #include "core/npy.h"
+
+#ifdef FLASHTRAIN_WITH_CUDA
+#include "core/cuda/runtime.h"
+#endif
 
 namespace ft::cli {
 namespace {
@@ -38,14 +43,37 @@ Tensor load_segment_ids(const std::string& path) {
   return t;
 }
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
+// Waits for queued GPU work, so that a time measured around a call includes it.
+void wait_for(Device device) {
+#ifdef FLASHTRAIN_WITH_CUDA
+  if (device == Device::cuda) cuda::synchronize();
+#else
+  (void)device;
+#endif
+}
+
+double seconds_since(Device device, std::chrono::steady_clock::time_point start) {
+  wait_for(device);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+Device parse_run_device(const std::string& flag) {
+  const Device device = parse_device(flag);
+  if (device == Device::cuda) {
+    FT_CHECK(cuda_device_count() > 0, "--device cuda: ", cuda_unavailable_reason());
+  }
+  return device;
+}
+
+// The tensor itself on the CPU, else a copy there (what .npy files and --check need).
+Tensor on_cpu(const Tensor& t) {
+  return t.device() == Device::cpu ? t : t.to(Device::cpu);
 }
 
 // fp64 (reference) outputs are written as float64; bf16 as uint16; lse as float32 otherwise.
 void write_output(const std::string& dir, const std::string& name, const Tensor& t) {
   const std::string path = (std::filesystem::path(dir) / (name + ".npy")).string();
-  npy::save(path, t);
+  npy::save(path, on_cpu(t));
   std::printf("wrote %s %s %s\n", path.c_str(), shape_str(t.shape()).c_str(),
               dtype_name(t.dtype()));
 }
@@ -76,8 +104,7 @@ void print_lse_check(const Tensor& got, const Tensor& ref) {
 }
 
 void run_attention(const AttentionOptions& opt) {
-  FT_CHECK(parse_device(opt.device) == Device::cpu,
-           "--device cuda: the CUDA attention backend is not built yet (use --device cpu)");
+  const Device device = parse_run_device(opt.device);
   const attention::Impl impl = attention::parse_impl(opt.impl);
   const DType dtype = parse_dtype(opt.dtype);
   FT_CHECK(dtype == DType::f32 || dtype == DType::bf16, "--dtype ", opt.dtype,
@@ -92,21 +119,33 @@ void run_attention(const AttentionOptions& opt) {
   mask.has_segments = segments.defined();
   const attention::Problem problem = attention::make_problem(q, k, v, mask, opt.scale);
   const Tensor dout = opt.dout.empty() ? Tensor{} : load_float_input("do", opt.dout, dtype);
-  std::printf("attention %s on cpu: %s\n", attention::impl_name(impl), problem.describe().c_str());
+  std::printf("attention %s on %s: %s\n", attention::impl_name(impl), device_name(device),
+              problem.describe().c_str());
 
+  // The inputs stay on the CPU for --check; segment ids are accepted on either device.
+  const auto on_device = [&](const Tensor& t) {
+    return t.defined() && device != Device::cpu ? t.to(device) : t;
+  };
+  const Tensor q_run = on_device(q), k_run = on_device(k), v_run = on_device(v);
+  const Tensor dout_run = on_device(dout);
+  wait_for(device);
+  // Times include the first call's library set-up (e.g. cuBLAS); use bench/ for timings.
   auto start = std::chrono::steady_clock::now();
-  const attention::ForwardOutput fwd = attention::forward(impl, problem, q, k, v, segments);
-  std::printf("forward  %.3f ms\n", 1e3 * seconds_since(start));
+  attention::ForwardOutput fwd = attention::forward(impl, problem, q_run, k_run, v_run, segments);
+  std::printf("forward  %.3f ms\n", 1e3 * seconds_since(device, start));
   attention::Gradients grads;
   if (dout.defined()) {
     start = std::chrono::steady_clock::now();
-    grads = attention::backward(impl, problem, q, k, v, fwd, dout, segments);
-    std::printf("backward %.3f ms\n", 1e3 * seconds_since(start));
+    grads = attention::backward(impl, problem, q_run, k_run, v_run, fwd, dout_run, segments);
+    std::printf("backward %.3f ms\n", 1e3 * seconds_since(device, start));
   }
+  fwd.saved = Tensor{};  // naive's S x S probabilities are not needed any more
+  const Tensor o = on_cpu(fwd.o), lse = on_cpu(fwd.lse);
   std::filesystem::create_directories(opt.out_dir);
-  write_output(opt.out_dir, "o", fwd.o);
-  write_output(opt.out_dir, "lse", fwd.lse);
+  write_output(opt.out_dir, "o", o);
+  write_output(opt.out_dir, "lse", lse);
   if (dout.defined()) {
+    grads = {on_cpu(grads.dq), on_cpu(grads.dk), on_cpu(grads.dv)};
     write_output(opt.out_dir, "dq", grads.dq);
     write_output(opt.out_dir, "dk", grads.dk);
     write_output(opt.out_dir, "dv", grads.dv);
@@ -115,8 +154,8 @@ void run_attention(const AttentionOptions& opt) {
   using attention::Impl;
   const attention::ForwardOutput ref =
       attention::forward(Impl::reference, problem, q, k, v, segments);
-  print_check("o", fwd.o, ref.o);
-  print_lse_check(fwd.lse, ref.lse);
+  print_check("o", o, ref.o);
+  print_lse_check(lse, ref.lse);
   if (!dout.defined()) return;
   const attention::Gradients ref_grads =
       attention::backward(Impl::reference, problem, q, k, v, ref, dout, segments);
@@ -144,7 +183,8 @@ void add_attention_command(CLI::App& app) {
       ->required();
   cmd->add_option("--impl", opt->impl, "implementation: reference, naive or flash")
       ->capture_default_str();
-  cmd->add_option("--device", opt->device, "cpu or cuda")->capture_default_str();
+  cmd->add_option("--device", opt->device, "cpu or cuda (cuda: --impl naive)")
+      ->capture_default_str();
   cmd->add_option("--dtype", opt->dtype,
                   "fp32 or bf16 (float32 inputs are rounded to bf16); reference computes in fp64")
       ->capture_default_str();

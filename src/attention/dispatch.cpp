@@ -1,16 +1,38 @@
 // forward() and backward(): check every tensor against the problem (so that a wrong shape,
 // dtype or device is reported with its value, never read out of bounds), then call the chosen
-// implementation. The CUDA implementations will be dispatched from here too.
+// implementation on the device that q lives on. Segment ids may be on either device.
 #include "attention/attention.h"
 #include "attention/cpu/cpu_kernels.h"
+#ifdef FLASHTRAIN_WITH_CUDA
+#include "attention/cuda/cuda_kernels.h"
+#endif
 
 namespace ft::attention {
 namespace {
 
-void check_tensor(const char* name, const Tensor& t, const Shape& shape, DType dtype) {
+// The device every tensor of a call must be on: q's (the CPU when q is missing, so that the
+// missing tensor is what gets reported).
+Device device_of(const Tensor& q) {
+  return q.defined() ? q.device() : Device::cpu;
+}
+
+void check_device(Impl impl, Device device) {
+  if (device == Device::cpu) return;
+  FT_CHECK(impl != Impl::reference,
+           "attention: reference is CPU only (q is on cuda; copy the inputs to the CPU)");
+  FT_CHECK(impl != Impl::flash,
+           "attention: the CUDA flash kernels are not built yet (use --impl naive on cuda, or "
+           "flash on the CPU)");
+#ifndef FLASHTRAIN_WITH_CUDA
+  throw Error("attention: q is on cuda but flashtrain was built without CUDA");
+#endif
+}
+
+void check_tensor(const char* name, const Tensor& t, const Shape& shape, DType dtype,
+                  Device device = Device::cpu) {
   FT_CHECK(t.defined(), "attention: ", name, " is missing");
-  FT_CHECK(t.device() == Device::cpu, "attention: ", name, " is on ", device_name(t.device()),
-           ", but only the CPU implementations are built");
+  FT_CHECK(t.device() == device, "attention: ", name, " is on ", device_name(t.device()),
+           ", expected ", device_name(device), " like q");
   FT_CHECK(t.shape() == shape, "attention: ", name, " has shape ", shape_str(t.shape()),
            ", expected ", shape_str(shape));
   FT_CHECK(t.dtype() == dtype, "attention: ", name, " has dtype ", dtype_name(t.dtype()),
@@ -26,6 +48,8 @@ void check_float(const char* name, const Tensor& t, const Shape& shape) {
 void check_inputs(Impl impl, const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
                   const Tensor& segment_ids) {
   p.validate();
+  const Device device = device_of(q);
+  check_device(impl, device);
   const Shape q_shape{p.batch, p.seq_len, p.q_heads, p.head_dim};
   const Shape kv_shape{p.batch, p.seq_len, p.kv_heads, p.head_dim};
   if (impl == Impl::reference) {
@@ -33,12 +57,16 @@ void check_inputs(Impl impl, const Problem& p, const Tensor& q, const Tensor& k,
     check_float("k", k, kv_shape);
     check_float("v", v, kv_shape);
   } else {
-    check_tensor("q", q, q_shape, p.dtype);
-    check_tensor("k", k, kv_shape, p.dtype);
-    check_tensor("v", v, kv_shape, p.dtype);
+    check_tensor("q", q, q_shape, p.dtype, device);
+    check_tensor("k", k, kv_shape, p.dtype, device);
+    check_tensor("v", v, kv_shape, p.dtype, device);
   }
   if (p.mask.has_segments) {
-    check_tensor("segment ids", segment_ids, {p.batch, p.seq_len}, DType::i32);
+    // Small, and read by the mask on whichever device runs: accepted on either.
+    const Device seg_device = segment_ids.defined() ? segment_ids.device() : device;
+    check_tensor("segment ids", segment_ids, {p.batch, p.seq_len}, DType::i32, seg_device);
+    FT_CHECK(device == Device::cuda || seg_device == Device::cpu,
+             "attention: segment ids are on cuda but q is on the CPU");
   } else {
     FT_CHECK(!segment_ids.defined(), "attention: segment ids ", shape_str(segment_ids.shape()),
              " were given but the mask has no segments (set mask.has_segments)");
@@ -49,19 +77,21 @@ DType lse_dtype(Impl impl, DType dtype) {
   return impl == Impl::reference || dtype == DType::f64 ? DType::f64 : DType::f32;
 }
 
-void check_backward_inputs(Impl impl, const Problem& p, const ForwardOutput& fwd,
+void check_backward_inputs(Impl impl, const Problem& p, const Tensor& q, const ForwardOutput& fwd,
                            const Tensor& dout) {
   const Shape q_shape{p.batch, p.seq_len, p.q_heads, p.head_dim};
   if (impl == Impl::reference) {
     check_float("dout", dout, q_shape);
     return;  // the reference recomputes its own forward
   }
-  check_tensor("dout", dout, q_shape, p.dtype);
-  check_tensor("forward output o", fwd.o, q_shape, p.dtype);
-  check_tensor("forward lse", fwd.lse, {p.batch, p.q_heads, p.seq_len}, lse_dtype(impl, p.dtype));
+  const Device device = device_of(q);
+  check_tensor("dout", dout, q_shape, p.dtype, device);
+  check_tensor("forward output o", fwd.o, q_shape, p.dtype, device);
+  check_tensor("forward lse", fwd.lse, {p.batch, p.q_heads, p.seq_len}, lse_dtype(impl, p.dtype),
+               device);
   if (impl == Impl::naive) {
     check_tensor("naive's saved probabilities", fwd.saved,
-                 {p.batch, p.q_heads, p.seq_len, p.seq_len}, lse_dtype(impl, p.dtype));
+                 {p.batch, p.q_heads, p.seq_len, p.seq_len}, lse_dtype(impl, p.dtype), device);
   }
 }
 
@@ -70,6 +100,10 @@ void check_backward_inputs(Impl impl, const Problem& p, const ForwardOutput& fwd
 ForwardOutput forward(Impl impl, const Problem& problem, const Tensor& q, const Tensor& k,
                       const Tensor& v, const Tensor& segment_ids) {
   check_inputs(impl, problem, q, k, v, segment_ids);
+#ifdef FLASHTRAIN_WITH_CUDA
+  // check_device() let only naive through on the GPU.
+  if (q.device() == Device::cuda) return cuda::naive_forward(problem, q, k, v, segment_ids);
+#endif
   switch (impl) {
     case Impl::reference:
       return cpu::reference_forward(problem, q, k, v, segment_ids);
@@ -85,7 +119,11 @@ Gradients backward(Impl impl, const Problem& problem, const Tensor& q, const Ten
                    const Tensor& v, const ForwardOutput& fwd, const Tensor& dout,
                    const Tensor& segment_ids) {
   check_inputs(impl, problem, q, k, v, segment_ids);
-  check_backward_inputs(impl, problem, fwd, dout);
+  check_backward_inputs(impl, problem, q, fwd, dout);
+#ifdef FLASHTRAIN_WITH_CUDA
+  // The saved probabilities carry the mask: segment ids are not needed again.
+  if (q.device() == Device::cuda) return cuda::naive_backward(problem, q, k, v, fwd, dout);
+#endif
   switch (impl) {
     case Impl::reference:
       return cpu::reference_backward(problem, q, k, v, fwd, dout, segment_ids);

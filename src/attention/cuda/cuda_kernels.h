@@ -1,0 +1,20 @@
+// The CUDA implementations behind attention.h's forward()/backward(). dispatch.cpp validates
+// every tensor before calling them (shapes, dtypes, q/k/v/do on the GPU), so they may assume
+// agreeing shapes. This header is plain C++: dispatch.cpp includes it without nvcc.
+#pragma once
+
+#include "attention/attention.h"
+#include "core/tensor.h"
+
+namespace ft::attention::cuda {
+
+// naive: q, k, v (and do) fp32 or bf16 on the GPU; segment ids int32 [B, S] on the CPU or the
+// GPU. o, lse and the gradients are returned on the GPU; lse is fp32. saved holds the fp32
+// probabilities P [B, Hq, S, S] for both dtypes, as on the CPU: the softmax backward then sees
+// unrounded probabilities (bf16 copies are made per launch where P is a GEMM operand).
+ForwardOutput naive_forward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& segment_ids);
+Gradients naive_backward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                         const ForwardOutput& fwd, const Tensor& dout);
+
+}  // namespace ft::attention::cuda
