@@ -14,7 +14,7 @@ struct TrainFlags {
   train::TrainConfig config;
   std::string dtype = "fp32", device = "auto", attention = "naive";
   int64_t layers = 0, width = 0, heads = 0, kv_heads = 0, vocab = 0, context = 0;
-  bool list_models = false;
+  bool list_models = false, rope_scaling = false;
 };
 
 Device resolve_device(const std::string& flag, std::ostream& out) {
@@ -40,8 +40,13 @@ void run(TrainFlags& f) {
   }
   train::TrainConfig& c = f.config;
   auto positive = [](int64_t v) { return v > 0 ? std::optional<int64_t>(v) : std::nullopt; };
-  c.overrides = {positive(f.layers),   positive(f.width), positive(f.heads),
-                 positive(f.kv_heads), positive(f.vocab), positive(f.context)};
+  c.overrides.layers = positive(f.layers);
+  c.overrides.width = positive(f.width);
+  c.overrides.heads = positive(f.heads);
+  c.overrides.kv_heads = positive(f.kv_heads);
+  c.overrides.vocab = positive(f.vocab);
+  c.overrides.context = positive(f.context);
+  if (f.rope_scaling) c.overrides.rope_scaling = true;
   c.dtype = parse_dtype(f.dtype);
   c.device = resolve_device(f.device, std::cout);
   c.attention.impl = attention::parse_impl(f.attention);
@@ -65,6 +70,8 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--kv-heads", flags->kv_heads, "Override the number of key/value heads");
   cmd->add_option("--vocab", flags->vocab, "Override the vocabulary size");
   cmd->add_option("--context", flags->context, "Override the maximum sequence length");
+  cmd->add_flag("--rope-scaling", flags->rope_scaling,
+                "LLaMA-3: apply Llama 3.1's RoPE frequency scaling");
   cmd->add_option("--load", c.load_path,
                   "Initialise from an llm.c checkpoint (the model shape comes from its header)");
   cmd->add_option("--train-data", c.train_data, "Training token shard (a path or a glob)")
@@ -98,6 +105,8 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--device", flags->device, "cpu, cuda, or auto (the GPU when usable)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
+  cmd->add_flag("--tf32", c.tf32,
+                "Let fp32 matrix products on the GPU use TF32 tensor cores (default: true fp32)");
   cmd->add_option("--attention", flags->attention, "naive (materialises S x S) or flash")
       ->check(CLI::IsMember({"naive", "flash"}))
       ->capture_default_str();

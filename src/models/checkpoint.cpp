@@ -172,7 +172,7 @@ void save_checkpoint(const std::string& path, const Transformer& model, DType fi
   if (c.family == Family::llama3) file.write(h.floats.data(), 1024);
   for (const Entry& e : file_layout(model)) {
     const Tensor rows = e.param->master.slice(0, e.stored_rows);
-    const Tensor converted = rows.to(file_dtype);
+    const Tensor converted = rows.to(Device::cpu).to(file_dtype);
     file.write(converted.raw(), converted.nbytes());
   }
   file.commit();

@@ -162,6 +162,12 @@ ModelConfig apply_overrides(ModelConfig config, const ModelOverrides& o) {
   } else if (o.heads && config.family == Family::gpt2) {
     config.n_kv_head = config.n_head;  // GPT-2 keeps one kv head per head
   }
+  if (o.rope_scaling) {
+    FT_CHECK(config.family == Family::llama3, "RoPE scaling applies to LLaMA-3 models, not ",
+             config.name);
+    config.rope_scaling = *o.rope_scaling;
+    changed = true;
+  }
   if (changed) config.name += "*";
   config.finalize();
   config.validate();

@@ -52,6 +52,7 @@ struct ModelConfig {
 // Flags that override any preset field.
 struct ModelOverrides {
   std::optional<int64_t> layers, width, heads, kv_heads, vocab, context;
+  std::optional<bool> rope_scaling;  // LLaMA-3 only: Llama 3.1 frequency scaling
 };
 
 std::vector<std::string> preset_names();

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/device.h"
 #include "core/error.h"
 
 namespace ft::models {
@@ -30,13 +31,13 @@ struct Transformer::Weights {
 
 // What one layer keeps from forward for backward.
 struct Transformer::LayerCache {
-  Tensor h1, mean1, rstd1;  // norm1 output and its statistics
-  Tensor q, k, v;           // after RoPE
+  NormOutput norm1;  // written by whoever produced the layer's input (fused with its add)
+  Tensor q, k, v;    // after RoPE
   attention::ForwardOutput att;
-  Tensor x_mid;             // residual after attention
-  Tensor h2, mean2, rstd2;  // norm2
-  Tensor fc, gate;          // MLP pre-activations (gate: LLaMA only)
-  Tensor mlp_act;           // gelu(fc) or silu(gate) * up
+  Tensor x_mid;  // residual after attention
+  NormOutput norm2;
+  Tensor fc, gate;  // MLP pre-activations (gate: LLaMA only)
+  Tensor mlp_act;   // gelu(fc) or silu(gate) * up
 };
 
 namespace {
@@ -59,13 +60,20 @@ Transformer::Transformer(const ModelConfig& config, DType compute_dtype,
   FT_CHECK(
       compute_dtype == DType::f32 || compute_dtype == DType::bf16 || compute_dtype == DType::f64,
       "model dtype must be fp32 or bf16 (fp64 for tests), got ", dtype_name(compute_dtype));
-  FT_CHECK(device == Device::cpu, "training on ", device_name(device),
-           " needs the CUDA backend, which this build does not have yet; use --device cpu");
+  FT_CHECK(device == Device::cpu || cuda_training_supported(), "training on ", device_name(device),
+           " needs a flashtrain built with CUDA; use --device cpu");
+  if (device == Device::cuda) {
+    const int cc = cuda_compute_capability(0);
+    FT_CHECK(cc >= 80, "GPU 0 (", cuda_device_name(0), ") is sm_", cc,
+             "; flashtrain's CUDA kernels and bf16 need sm_80 or newer");
+  }
+  FT_CHECK(device == Device::cpu || compute_dtype != DType::f64,
+           "fp64 models run on the CPU only (they exist for gradient checks)");
   FT_CHECK(attention.window >= 0, "window must be >= 0, got ", attention.window);
   build_parameters();
   if (config_.rope()) {
     rope_ = nn::make_rope_table(config_.max_seq_len, config_.head_dim(), config_.rope_theta,
-                                config_.rope_scaling);
+                                config_.rope_scaling, device_);
   }
 }
 
@@ -109,10 +117,11 @@ void Transformer::build_parameters() {
     Parameter& p = params_[i];
     p.name = specs[i].name;
     p.decay = specs[i].shape.size() >= 2;
-    p.master = Tensor::zeros(specs[i].shape, master_dtype_);
-    p.grad = Tensor::zeros(specs[i].shape, master_dtype_);
-    p.compute =
-        compute_dtype_ == master_dtype_ ? p.master : Tensor::zeros(specs[i].shape, compute_dtype_);
+    p.master = Tensor::zeros(specs[i].shape, master_dtype_, device_);
+    p.grad = Tensor::zeros(specs[i].shape, master_dtype_, device_);
+    p.compute = compute_dtype_ == master_dtype_
+                    ? p.master
+                    : Tensor::zeros(specs[i].shape, compute_dtype_, device_);
     *specs[i].slot = &p;
   }
 }
@@ -130,7 +139,10 @@ void Transformer::init_weights(uint64_t seed) {
     } else {
       const bool residual =
           p.name.ends_with("attn.proj.weight") || p.name.ends_with("mlp.proj.weight");
-      fill_normal(p.master, rng, 0.0, residual ? residual_std : std);
+      // Drawn on the CPU, so a model gets the same weights on every device.
+      Tensor host = Tensor::empty(p.master.shape(), master_dtype_);
+      fill_normal(host, rng, 0.0, residual ? residual_std : std);
+      p.master.copy_from(host);
     }
   }
   // Rows past the real vocabulary are never looked up and never predicted: keep them zero.
@@ -182,41 +194,65 @@ attention::Problem Transformer::attention_problem(int64_t layer) const {
   return p;
 }
 
-Tensor Transformer::norm_forward(const Tensor& x, Parameter* w, Parameter* b, Tensor& mean,
-                                 Tensor& rstd) {
-  Tensor out = act(x.shape());
-  const DType acc = master_dtype_;
-  rstd = Tensor::empty({rows(x)}, acc);
-  if (config_.norm() == NormKind::layernorm) {
-    mean = Tensor::empty({rows(x)}, acc);
-    nn::layernorm_forward(out, mean, rstd, x, w->compute, b->compute, config_.norm_eps);
-  } else {
-    nn::rmsnorm_forward(out, rstd, x, w->compute, config_.norm_eps);
-  }
-  return out;
+Transformer::NormWeights Transformer::norm_weights_reading(int64_t l) const {
+  if (l == config_.n_layer) return {w_->normf_w, w_->normf_b};
+  const Weights::Layer& W = w_->layers[static_cast<size_t>(l)];
+  return {W.norm1_w, W.norm1_b};
 }
 
-Tensor Transformer::norm_backward(const Tensor& dout, const Tensor& x, Parameter* w, Parameter* b,
-                                  const Tensor& mean, const Tensor& rstd) {
-  Tensor dx = act(x.shape());
+Transformer::NormOutput& Transformer::norm_reading(int64_t l) {
+  return l == config_.n_layer ? final_norm_ : cache_[static_cast<size_t>(l)].norm1;
+}
+
+Transformer::NormOutput Transformer::norm_forward(const Tensor& x, NormWeights n) {
+  NormOutput o{act(x.shape()), Tensor(), Tensor::empty({rows(x)}, master_dtype_, device_)};
   if (config_.norm() == NormKind::layernorm) {
-    nn::layernorm_backward(dx, w->grad, b->grad, dout, x, w->compute, mean, rstd);
+    o.mean = Tensor::empty({rows(x)}, master_dtype_, device_);
+    nn::layernorm_forward(o.out, o.mean, o.rstd, x, n.w->compute, n.b->compute, config_.norm_eps);
   } else {
-    nn::rmsnorm_backward(dx, w->grad, dout, x, w->compute, rstd);
+    nn::rmsnorm_forward(o.out, o.rstd, x, n.w->compute, config_.norm_eps);
   }
-  return dx;
+  return o;
+}
+
+Transformer::NormOutput Transformer::add_norm_forward(Tensor& x_out, const Tensor& a,
+                                                      const Tensor& b, NormWeights n) {
+  x_out = act(a.shape());
+  NormOutput o{act(a.shape()), Tensor(), Tensor::empty({rows(a)}, master_dtype_, device_)};
+  if (config_.norm() == NormKind::layernorm) {
+    o.mean = Tensor::empty({rows(a)}, master_dtype_, device_);
+    nn::add_layernorm_forward(x_out, o.out, o.mean, o.rstd, a, b, n.w->compute, n.b->compute,
+                              config_.norm_eps);
+  } else {
+    nn::add_rmsnorm_forward(x_out, o.out, o.rstd, a, b, n.w->compute, config_.norm_eps);
+  }
+  return o;
+}
+
+void Transformer::norm_backward(Tensor& dx, const Tensor& dout, const Tensor& x, NormWeights n,
+                                const NormOutput& saved, bool accumulate) {
+  const bool ln = config_.norm() == NormKind::layernorm;
+  const Tensor& w = n.w->compute;
+  if (ln && accumulate) {
+    nn::layernorm_backward_add(dx, n.w->grad, n.b->grad, dout, x, w, saved.mean, saved.rstd);
+  } else if (ln) {
+    nn::layernorm_backward(dx, n.w->grad, n.b->grad, dout, x, w, saved.mean, saved.rstd);
+  } else if (accumulate) {
+    nn::rmsnorm_backward_add(dx, n.w->grad, dout, x, w, saved.rstd);
+  } else {
+    nn::rmsnorm_backward(dx, n.w->grad, dout, x, w, saved.rstd);
+  }
 }
 
 void Transformer::layer_forward(int64_t l, const Tensor& x_in, Tensor& x_out) {
   const Weights::Layer& W = w_->layers[static_cast<size_t>(l)];
   LayerCache& c = cache_[static_cast<size_t>(l)];
   const int64_t B = B_, T = T_, C = config_.n_embd, D = config_.head_dim();
-  const int64_t Hq = config_.n_head, Hkv = config_.n_kv_head;
+  const int64_t Hq = config_.n_head, Hkv = config_.n_kv_head, F = config_.ffn_hidden;
   auto bias = [](Parameter* p) { return p ? p->compute : Tensor(); };
 
-  c.h1 = norm_forward(x_in, W.norm1_w, W.norm1_b, c.mean1, c.rstd1);
   Tensor qkv = act({B, T, config_.qkv_width()});
-  nn::linear_forward(qkv, c.h1, W.qkv_w->compute, bias(W.qkv_b));
+  nn::linear_forward(qkv, c.norm1.out, W.qkv_w->compute, bias(W.qkv_b));
   c.q = act({B, T, Hq, D});
   c.k = act({B, T, Hkv, D});
   c.v = act({B, T, Hkv, D});
@@ -230,25 +266,21 @@ void Transformer::layer_forward(int64_t l, const Tensor& x_in, Tensor& x_out) {
 
   Tensor proj = act({B, T, C});
   nn::linear_forward(proj, c.att.o.view({B, T, Hq * D}), W.proj_w->compute, bias(W.proj_b));
-  c.x_mid = act({B, T, C});
-  nn::add(c.x_mid, x_in, proj);
+  c.norm2 = add_norm_forward(c.x_mid, x_in, proj, {W.norm2_w, W.norm2_b});
 
-  c.h2 = norm_forward(c.x_mid, W.norm2_w, W.norm2_b, c.mean2, c.rstd2);
-  const int64_t F = config_.ffn_hidden;
   c.fc = act({B, T, F});
-  nn::linear_forward(c.fc, c.h2, W.fc_w->compute, bias(W.fc_b));
   c.mlp_act = act({B, T, F});
   if (config_.mlp() == MlpKind::gelu) {
-    nn::gelu_forward(c.mlp_act, c.fc);
+    nn::linear_gelu_forward(c.fc, c.mlp_act, c.norm2.out, W.fc_w->compute, bias(W.fc_b));
   } else {
+    nn::linear_forward(c.fc, c.norm2.out, W.fc_w->compute, bias(W.fc_b));
     c.gate = act({B, T, F});
-    nn::linear_forward(c.gate, c.h2, W.gate_w->compute, Tensor());
+    nn::linear_forward(c.gate, c.norm2.out, W.gate_w->compute, Tensor());
     nn::swiglu_forward(c.mlp_act, c.gate, c.fc);
   }
   Tensor mlp = act({B, T, C});
   nn::linear_forward(mlp, c.mlp_act, W.out_w->compute, bias(W.out_b));
-  x_out = act({B, T, C});
-  nn::add(x_out, c.x_mid, mlp);
+  norm_reading(l + 1) = add_norm_forward(x_out, c.x_mid, mlp, norm_weights_reading(l + 1));
 }
 
 void Transformer::run_forward(const Tensor& tokens, const Tensor& segment_ids) {
@@ -271,13 +303,13 @@ void Transformer::run_forward(const Tensor& tokens, const Tensor& segment_ids) {
   residual_[0] = act({B_, T_, C});
   nn::embedding_forward(residual_[0], tokens, w_->wte->compute,
                         w_->wpe ? w_->wpe->compute : Tensor());
+  norm_reading(0) = norm_forward(residual_[0], norm_weights_reading(0));
   for (int64_t l = 0; l < L; ++l) {
     layer_forward(l, residual_[static_cast<size_t>(l)], residual_[static_cast<size_t>(l + 1)]);
   }
-  final_norm_ = norm_forward(residual_.back(), w_->normf_w, w_->normf_b, final_mean_, final_rstd_);
   Parameter* head = w_->head ? w_->head : w_->wte;
   logits_ = act({B_ * T_, config_.padded_vocab_size});
-  nn::linear_forward(logits_, final_norm_.view({B_ * T_, C}), head->compute, Tensor());
+  nn::linear_forward(logits_, final_norm_.out.view({B_ * T_, C}), head->compute, Tensor());
 }
 
 void Transformer::forward_logits(const Tensor& tokens, const Tensor& segment_ids) {
@@ -292,18 +324,18 @@ double Transformer::forward(const Tensor& tokens, const Tensor& targets,
            dtype_name(targets.dtype()), " ", shape_str(targets.shape()));
   run_forward(tokens, segment_ids);
   targets_ = targets;
-  losses_ = Tensor::empty({B_ * T_}, master_dtype_);
+  losses_ = Tensor::empty({B_ * T_}, master_dtype_, device_);
   Tensor no_grad;
   nn::softmax_cross_entropy(losses_, no_grad, logits_, targets.view({B_ * T_}), config_.vocab_size,
                             0.0);
   have_targets_ = true;
-  const Tensor l64 = losses_.to(DType::f64);
+  const Tensor l64 = losses_.to(Device::cpu).to(DType::f64);
   double sum = 0.0;
   for (int64_t i = 0; i < l64.numel(); ++i) sum += l64.data<double>()[i];
   return sum / static_cast<double>(B_ * T_);
 }
 
-void Transformer::layer_backward(int64_t l, const Tensor& dx_out, Tensor& dx_in) {
+void Transformer::layer_backward(int64_t l, Tensor& dresidual) {
   const Weights::Layer& W = w_->layers[static_cast<size_t>(l)];
   LayerCache& c = cache_[static_cast<size_t>(l)];
   const int64_t B = B_, T = T_, C = config_.n_embd, D = config_.head_dim();
@@ -311,32 +343,31 @@ void Transformer::layer_backward(int64_t l, const Tensor& dx_out, Tensor& dx_in)
   auto bias_grad = [](Parameter* p) { return p ? p->grad : Tensor(); };
   const Tensor& x_in = residual_[static_cast<size_t>(l)];
 
-  // MLP branch: dx_out flows both into the branch and along the residual.
+  // MLP branch: dresidual flows both into the branch and along the residual.
   Tensor dact = act({B, T, F});
   Tensor db_out = bias_grad(W.out_b);
-  nn::linear_backward(dact, W.out_w->grad, db_out, dx_out, c.mlp_act, W.out_w->compute);
+  nn::linear_backward(dact, W.out_w->grad, db_out, dresidual, c.mlp_act, W.out_w->compute);
   Tensor dfc = act({B, T, F});
   Tensor dh2 = act({B, T, C});
   Tensor db_fc = bias_grad(W.fc_b);
   Tensor no_bias;
   if (config_.mlp() == MlpKind::gelu) {
     nn::gelu_backward(dfc, dact, c.fc);
-    nn::linear_backward(dh2, W.fc_w->grad, db_fc, dfc, c.h2, W.fc_w->compute);
+    nn::linear_backward(dh2, W.fc_w->grad, db_fc, dfc, c.norm2.out, W.fc_w->compute);
   } else {
     Tensor dgate = act({B, T, F});
     nn::swiglu_backward(dgate, dfc, dact, c.gate, c.fc);
     Tensor dh2_gate = act({B, T, C});
-    nn::linear_backward(dh2_gate, W.gate_w->grad, no_bias, dgate, c.h2, W.gate_w->compute);
-    nn::linear_backward(dh2, W.fc_w->grad, db_fc, dfc, c.h2, W.fc_w->compute);
+    nn::linear_backward(dh2_gate, W.gate_w->grad, no_bias, dgate, c.norm2.out, W.gate_w->compute);
+    nn::linear_backward(dh2, W.fc_w->grad, db_fc, dfc, c.norm2.out, W.fc_w->compute);
     nn::add(dh2, dh2, dh2_gate);
   }
-  Tensor dx_mid = norm_backward(dh2, c.x_mid, W.norm2_w, W.norm2_b, c.mean2, c.rstd2);
-  nn::add(dx_mid, dx_mid, dx_out);
+  norm_backward(dresidual, dh2, c.x_mid, {W.norm2_w, W.norm2_b}, c.norm2, true);  // now d x_mid
 
   // Attention branch.
   Tensor datt = act({B, T, Hq * D});
   Tensor db_proj = bias_grad(W.proj_b);
-  nn::linear_backward(datt, W.proj_w->grad, db_proj, dx_mid, c.att.o.view({B, T, Hq * D}),
+  nn::linear_backward(datt, W.proj_w->grad, db_proj, dresidual, c.att.o.view({B, T, Hq * D}),
                       W.proj_w->compute);
   const attention::Problem problem = attention_problem(l);
   attention::Gradients g = attention::backward(attention_.impl, problem, c.q, c.k, c.v, c.att,
@@ -350,15 +381,14 @@ void Transformer::layer_backward(int64_t l, const Tensor& dx_out, Tensor& dx_in)
   nn::merge_qkv(dqkv, g.dq, g.dk, g.dv);
   Tensor dh1 = act({B, T, C});
   Tensor db_qkv = bias_grad(W.qkv_b);
-  nn::linear_backward(dh1, W.qkv_w->grad, db_qkv, dqkv, c.h1, W.qkv_w->compute);
-  dx_in = norm_backward(dh1, x_in, W.norm1_w, W.norm1_b, c.mean1, c.rstd1);
-  nn::add(dx_in, dx_in, dx_mid);
+  nn::linear_backward(dh1, W.qkv_w->grad, db_qkv, dqkv, c.norm1.out, W.qkv_w->compute);
+  norm_backward(dresidual, dh1, x_in, {W.norm1_w, W.norm1_b}, c.norm1, true);  // now d x_in
   c = LayerCache();  // free this layer's activations as soon as they are used
 }
 
 void Transformer::backward(double loss_scale) {
   FT_CHECK(have_targets_, "backward() needs a forward() with targets first");
-  const int64_t C = config_.n_embd, N = B_ * T_;
+  const int64_t C = config_.n_embd, N = B_ * T_, L = config_.n_layer;
   // The fused classifier writes dlogits over the logits buffer.
   nn::softmax_cross_entropy(losses_, logits_, logits_, targets_.view({N}), config_.vocab_size,
                             loss_scale / static_cast<double>(N));
@@ -366,17 +396,14 @@ void Transformer::backward(double loss_scale) {
   Tensor dnorm = act({B_, T_, C});
   Tensor no_bias;
   Tensor dnorm_flat = dnorm.view({N, C});
-  nn::linear_backward(dnorm_flat, head->grad, no_bias, logits_, final_norm_.view({N, C}),
+  nn::linear_backward(dnorm_flat, head->grad, no_bias, logits_, final_norm_.out.view({N, C}),
                       head->compute);
-  Tensor dx =
-      norm_backward(dnorm, residual_.back(), w_->normf_w, w_->normf_b, final_mean_, final_rstd_);
-  for (int64_t l = config_.n_layer - 1; l >= 0; --l) {
-    Tensor dx_in;
-    layer_backward(l, dx, dx_in);
-    dx = dx_in;
-  }
+  // One residual gradient buffer for the whole stack: each layer adds its branches into it.
+  Tensor dresidual = act({B_, T_, C});
+  norm_backward(dresidual, dnorm, residual_.back(), norm_weights_reading(L), final_norm_, false);
+  for (int64_t l = L - 1; l >= 0; --l) layer_backward(l, dresidual);
   Tensor dwpe = w_->wpe ? w_->wpe->grad : Tensor();
-  nn::embedding_backward(w_->wte->grad, dwpe, dx, tokens_);
+  nn::embedding_backward(w_->wte->grad, dwpe, dresidual, tokens_);
   have_targets_ = false;  // the logits buffer now holds gradients
 }
 

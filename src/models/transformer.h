@@ -8,7 +8,10 @@
 //   loss = mean cross-entropy over the real vocabulary
 //
 // Every layer runs its explicit forward and backward from src/nn; attention goes through
-// src/attention with the implementation chosen at construction (naive or flash).
+// src/attention with the implementation chosen at construction (naive or flash). Each residual
+// add is fused with the norm that reads its result (norm2, the next layer's norm1, the final
+// norm), and backward accumulates each norm's input gradient straight into one residual
+// gradient buffer; GPT-2's fc + GELU is one GEMM with a GELU epilogue on the GPU.
 #pragma once
 
 #include <memory>
@@ -75,16 +78,30 @@ class Transformer {
  private:
   struct LayerCache;
   struct Weights;
+  struct NormWeights {
+    Parameter *w = nullptr, *b = nullptr;  // b: LayerNorm only
+  };
+  struct NormOutput {
+    Tensor out, mean, rstd;  // mean: LayerNorm only
+  };
 
   void build_parameters();
   void run_forward(const Tensor& tokens, const Tensor& segment_ids);
+  // Also normalises x_out for its reader (norm_reading(l + 1)).
   void layer_forward(int64_t l, const Tensor& x_in, Tensor& x_out);
-  void layer_backward(int64_t l, const Tensor& dx_out, Tensor& dx_in);
+  // dresidual: d loss / d x_out on entry, d loss / d x_in on return (updated in place).
+  void layer_backward(int64_t l, Tensor& dresidual);
   attention::Problem attention_problem(int64_t layer) const;
   Tensor act(const Shape& shape) const;  // a compute-dtype activation buffer
-  Tensor norm_forward(const Tensor& x, Parameter* w, Parameter* b, Tensor& mean, Tensor& rstd);
-  Tensor norm_backward(const Tensor& dout, const Tensor& x, Parameter* w, Parameter* b,
-                       const Tensor& mean, const Tensor& rstd);
+  // The norm that reads residual_[l]: layer l's norm1, or the final norm for l = n_layer.
+  NormWeights norm_weights_reading(int64_t l) const;
+  NormOutput& norm_reading(int64_t l);
+  NormOutput norm_forward(const Tensor& x, NormWeights n);
+  // x_out = a + b, returns norm(x_out) (one fused call).
+  NormOutput add_norm_forward(Tensor& x_out, const Tensor& a, const Tensor& b, NormWeights n);
+  // dx = (accumulate: +=) the norm's input gradient for dout.
+  void norm_backward(Tensor& dx, const Tensor& dout, const Tensor& x, NormWeights n,
+                     const NormOutput& saved, bool accumulate);
   Parameter* find(const std::string& name);
 
   ModelConfig config_;
@@ -100,7 +117,8 @@ class Transformer {
   Tensor tokens_, targets_, segment_ids_;
   std::vector<Tensor> residual_;  // residual_[l] is layer l's input; residual_[L] the output
   std::vector<LayerCache> cache_;
-  Tensor final_mean_, final_rstd_, final_norm_, logits_, losses_;
+  NormOutput final_norm_;
+  Tensor logits_, losses_;
   bool have_targets_ = false;
 };
 

@@ -15,8 +15,8 @@ namespace {
 constexpr char kMagic[8] = {'F', 'T', 'S', 'T', 'A', 'T', 'E', '1'};
 
 void ensure_moments(models::Parameter& p) {
-  if (!p.m.defined()) p.m = Tensor::zeros(p.master.shape(), p.master.dtype());
-  if (!p.v.defined()) p.v = Tensor::zeros(p.master.shape(), p.master.dtype());
+  if (!p.m.defined()) p.m = Tensor::zeros(p.master.shape(), p.master.dtype(), p.master.device());
+  if (!p.v.defined()) p.v = Tensor::zeros(p.master.shape(), p.master.dtype(), p.master.device());
 }
 
 }  // namespace
@@ -43,7 +43,10 @@ void save_train_state(const std::string& path, const models::Transformer& model,
   for (const models::Parameter& p : model.parameters()) {
     models::Parameter& q = const_cast<models::Parameter&>(p);
     ensure_moments(q);
-    for (const Tensor* t : {&q.master, &q.m, &q.v}) file.write(t->raw(), t->nbytes());
+    for (const Tensor* t : {&q.master, &q.m, &q.v}) {
+      const Tensor host = t->to(Device::cpu);
+      file.write(host.raw(), host.nbytes());
+    }
   }
   file.commit();
 }
@@ -83,8 +86,10 @@ TrainState load_train_state(const std::string& path, models::Transformer& model,
              shape_str(p.master.shape()));
     ensure_moments(p);
     for (Tensor* t : {&p.master, &p.m, &p.v}) {
-      in.read(static_cast<char*>(t->raw()), static_cast<std::streamsize>(t->nbytes()));
+      Tensor host = Tensor::empty(t->shape(), t->dtype());
+      in.read(static_cast<char*>(host.raw()), static_cast<std::streamsize>(host.nbytes()));
       FT_CHECK(in.good(), path, ": truncated resume state (in ", p.name, ")");
+      t->copy_from(host);
     }
     p.sync_compute();
   }

@@ -6,6 +6,7 @@
 #include <ostream>
 #include <vector>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "core/memory.h"
 #include "models/checkpoint.h"
@@ -114,6 +115,7 @@ models::ModelConfig resolve_model_config(const TrainConfig& c) {
 TrainSummary train(const TrainConfig& c, std::ostream& out) {
   const models::ModelConfig mc = resolve_model_config(c);
   check_config(c, mc);
+  set_tf32(c.tf32);
   const int64_t accum = accumulation_steps(c);
   const int64_t tokens_per_step = c.batch_size * c.seq_len * accum;
 
@@ -195,12 +197,15 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
     const double norm = nn::global_grad_norm(grads);
     const double clip_scale = (c.grad_clip > 0 && norm > c.grad_clip) ? c.grad_clip / norm : 1.0;
     const double lr = schedule.lr(step);
+    // Every parameter in one call (one kernel on the GPU), compute copies refreshed with it.
+    std::vector<nn::AdamWTensor> update;
     for (models::Parameter& p : model.parameters()) {
-      if (!p.m.defined()) p.m = Tensor::zeros(p.master.shape(), p.master.dtype());
-      if (!p.v.defined()) p.v = Tensor::zeros(p.master.shape(), p.master.dtype());
-      nn::adamw_update(p.master, p.grad, p.m, p.v, lr, c.adamw, step, clip_scale, p.decay);
-      p.sync_compute();
+      if (!p.m.defined()) p.m = Tensor::zeros(p.master.shape(), p.master.dtype(), c.device);
+      if (!p.v.defined()) p.v = Tensor::zeros(p.master.shape(), p.master.dtype(), c.device);
+      update.push_back({p.master, p.grad, p.m, p.v, p.decay, p.compute});
     }
+    nn::adamw_update_all(update, lr, c.adamw, step, clip_scale);
+    synchronize(c.device);  // the step's time includes its device work
     const double ms = elapsed_ms(t0);
     FT_CHECK(std::isfinite(loss), "training diverged: loss is ", loss, " at step ", step);
 

@@ -33,6 +33,7 @@ struct TrainConfig {
 
   DType dtype = DType::f32;
   Device device = Device::cpu;
+  bool tf32 = false;  // let fp32 GEMMs on the GPU use TF32 tensor cores
   models::AttentionSettings attention;
   uint64_t seed = 1337;
   bool shuffle = false;

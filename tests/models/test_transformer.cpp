@@ -135,6 +135,10 @@ TEST(Transformer, RejectsBadInput) {
   ModelOverrides bad;
   bad.heads = 5;  // 16 is not a multiple of 5
   EXPECT_THROW(apply_overrides(config, bad), Error);
+  ModelOverrides scaled;
+  scaled.rope_scaling = true;
+  EXPECT_THROW(apply_overrides(config, scaled), Error);  // GPT-2 has no RoPE
+  EXPECT_TRUE(apply_overrides(preset("llama3-tiny"), scaled).rope_scaling);
 }
 
 }  // namespace

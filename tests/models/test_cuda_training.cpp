@@ -1,0 +1,137 @@
+// Training steps on the GPU against the CPU: the same model, weights and batch must give the
+// same loss and gradients (fp32: 1e-5 relative), and the same losses after AdamW updates.
+// Skips without CUDA or a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <sstream>
+
+#include "core/device.h"
+#include "core/rng.h"
+#include "models/transformer.h"
+#include "nn/adamw.h"
+#include "test_util.h"
+#include "train/trainer.h"
+
+namespace ft::models {
+namespace {
+
+bool gpu_ready(std::string& why) {
+#ifndef FLASHTRAIN_WITH_CUDA
+  why = "built without CUDA";
+  return false;
+#else
+  if (cuda_device_count() == 0) {
+    why = cuda_unavailable_reason();
+    return false;
+  }
+  return true;
+#endif
+}
+
+#define REQUIRE_GPU()                           \
+  do {                                          \
+    std::string why_;                           \
+    if (!gpu_ready(why_)) GTEST_SKIP() << why_; \
+  } while (0)
+
+ModelConfig small(const std::string& name) {
+  ModelOverrides o;
+  o.layers = 2;
+  o.width = 64;
+  o.heads = 4;
+  o.context = 64;
+  if (name == "llama3-tiny") o.kv_heads = 2;
+  return apply_overrides(preset(name), o);
+}
+
+Tensor random_tokens(int64_t B, int64_t T, int64_t vocab, Rng& rng) {
+  Tensor t = Tensor::empty({B, T}, DType::i32);
+  for (int64_t i = 0; i < t.numel(); ++i)
+    t.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u64() % static_cast<uint64_t>(vocab));
+  return t;
+}
+
+void adamw_step(Transformer& m, int64_t step) {
+  nn::AdamWConfig cfg;
+  for (Parameter& p : m.parameters()) {
+    if (!p.m.defined()) p.m = Tensor::zeros(p.master.shape(), p.master.dtype(), p.master.device());
+    if (!p.v.defined()) p.v = Tensor::zeros(p.master.shape(), p.master.dtype(), p.master.device());
+    nn::adamw_update(p.master, p.grad, p.m, p.v, 1e-3, cfg, step, 1.0, p.decay);
+    p.sync_compute();
+  }
+}
+
+class CudaTraining : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+TEST_P(CudaTraining, StepsMatchTheCpu) {
+  REQUIRE_GPU();
+  const auto& [name, dtype_name_] = GetParam();
+  const DType dtype = parse_dtype(dtype_name_);
+  const ModelConfig config = small(name);
+  Transformer cpu(config, dtype, {attention::Impl::naive, 0, 0}, Device::cpu);
+  Transformer gpu(config, dtype, {attention::Impl::naive, 0, 0}, Device::cuda);
+  cpu.init_weights(21);
+  gpu.init_weights(21);
+  Rng rng(4);
+  // fp32 must match the CPU to 1e-5; bf16 rounds activations differently on each device
+  // (different summation orders before each rounding), so a few bf16 ulps (2^-8) are allowed.
+  const double loss_tol = dtype == DType::f32 ? 1e-5 : 1e-2;
+  const double grad_tol = dtype == DType::f32 ? 1e-5 : 5e-2;
+  for (int64_t step = 1; step <= 3; ++step) {
+    const Tensor x = random_tokens(2, 48, config.vocab_size, rng);
+    const Tensor y = random_tokens(2, 48, config.vocab_size, rng);
+    cpu.zero_grad();
+    gpu.zero_grad();
+    const double l_cpu = cpu.forward(x, y);
+    const double l_gpu = gpu.forward(x, y);
+    EXPECT_NEAR(l_gpu, l_cpu, loss_tol * l_cpu) << name << " step " << step;
+    cpu.backward(1.0);
+    gpu.backward(1.0);
+    for (size_t i = 0; i < cpu.parameters().size(); ++i) {
+      const Tensor g_gpu = gpu.parameters()[i].grad.to(Device::cpu);
+      const Tensor& g_cpu = cpu.parameters()[i].grad;
+      ASSERT_TRUE(all_finite(g_gpu)) << cpu.parameters()[i].name;
+      // After AdamW updates (steps 2 and 3) the weights themselves differ by rounding, and
+      // AdamW turns tiny gradient differences into lr-sized weight differences where the
+      // second moment is small; measured 1.5e-5 for llama3-tiny fp32. Step 1 is the issue's
+      // 1e-5 check of one training step; later steps get 10x room.
+      EXPECT_LT(relative_error(g_gpu, g_cpu), step == 1 ? grad_tol : 10 * grad_tol)
+          << name << " " << dtype_name_ << " step " << step << " " << cpu.parameters()[i].name;
+    }
+    adamw_step(cpu, step);
+    adamw_step(gpu, step);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaTraining,
+                         ::testing::Combine(::testing::Values("gpt2-tiny", "llama3-tiny"),
+                                            ::testing::Values("fp32", "bf16")));
+
+TEST(CudaTrainer, TrainsDeterministicallyAndReportsMemory) {
+  REQUIRE_GPU();
+  train::TrainConfig c;
+  c.model = "llama3-tiny";
+  c.train_data = test::source_path("data/tinyshakespeare_train.bin");
+  c.val_data.clear();
+  c.tokenizer = test::source_path("data/gpt2_tokenizer.bin");
+  c.device = Device::cuda;
+  c.dtype = DType::bf16;
+  c.batch_size = 8;
+  c.seq_len = 128;
+  c.steps = 20;
+  c.lr = 3e-3;
+  c.sample_tokens = 16;
+  test::TempDir dir;
+  c.log_path = dir.file("log.jsonl");
+  std::ostringstream out_a, out_b;
+  const train::TrainSummary a = train::train(c, out_a);
+  const train::TrainSummary b = train::train(c, out_b);
+  EXPECT_EQ(a.losses, b.losses);  // same seed, same losses, run after run
+  EXPECT_LT(a.losses.back(), a.losses.front() - 1.0);
+  EXPECT_FALSE(a.sample.empty());
+  EXPECT_NE(out_a.str().find("peak reserved"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ft::models
