@@ -8,5 +8,6 @@ namespace ft::cli {
 
 void add_train_command(CLI::App& app);
 void add_attention_command(CLI::App& app);
+void add_debug_step_command(CLI::App& app);
 
 }  // namespace ft::cli

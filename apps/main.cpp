@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   ft::cli::add_train_command(app);
   ft::cli::add_attention_command(app);
+  ft::cli::add_debug_step_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
