@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine, from the repository root, over binaries built by
+# scripts/build_gpu.sh and carried as build-gpu/carry.tar.xz: the GPU description, then every
+# test binary (GPU tests run there instead of skipping), logs under $OUT (default ./gpu-out).
+set -uo pipefail
+out="${OUT:-gpu-out}"
+mkdir -p "$out"
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+# The tests find data/ through the source path compiled into them.
+if [ ! -e /work/main/data ]; then mkdir -p /work && ln -sfn "$PWD" /work/main; fi
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv | tee "$out/gpu.txt"
+nvcc --version | tail -1 | tee -a "$out/gpu.txt"
+[ -d build-gpu/carry ] || tar -C build-gpu -xJf build-gpu/carry.tar.xz || exit 1
+ln -sfn carry/flashtrain build-gpu/flashtrain  # the CLI tests run the path compiled into them
+status=0
+for t in ${GPU_TESTS:-test_core test_nn test_attention test_models test_train test_apps}; do
+  start=$(date +%s)
+  build-gpu/carry/$t --gtest_color=no ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} \
+    >"$out/$t.log" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] || status=1
+  printf '%-16s exit %d  %4ds  %s\n' "$t" $rc $(($(date +%s) - start)) \
+    "$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$t.log" | tr '\n' ' ' | cut -c1-150)"
+  grep -E '^\[  FAILED  \]' "$out/$t.log" | head -20
+done
+exit $status
