@@ -17,6 +17,7 @@ run() {  # name, flashtrain flags, peer flags
   grep '^step ' "$out/ft_$name.log" | tail -1
   python3 bench/torch_peer.py --steps "$steps" $peer 2>"$out/torch_$name.err" | tee "$out/torch_$name.json"
 }
+python3 bench/gpu_ceilings.py | tee "$out/ceilings.json"
 run gpt2_bf16 "--model gpt2 --batch-size 8 --seq-len 1024 --dtype bf16" \
   "--model gpt2 --batch-size 8 --seq-len 1024 --dtype bf16 --attention naive"
 run gpt2_fp32 "--model gpt2 --batch-size 8 --seq-len 1024 --dtype fp32" \

@@ -81,6 +81,9 @@ MemoryStats memory_stats(Device device) {
   if (device != Device::cpu && s.has_allocator && s.allocator.peak_reserved) {
     out.peak_reserved_bytes = s.allocator.peak_reserved();
   }
+  if (device != Device::cpu && s.has_allocator && s.allocator.peak_used) {
+    out.peak_used_bytes = s.allocator.peak_used();
+  }
   return out;
 }
 

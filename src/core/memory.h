@@ -27,6 +27,7 @@ void reset_peak_memory(Device device);  // peaks restart from the current usage
 struct DeviceAllocator {
   std::function<void*(size_t)> allocate;
   std::function<void(void*)> free;
+  std::function<int64_t()> peak_used;      // since the last reset (the pool's own mark)
   std::function<int64_t()> peak_reserved;  // since the last reset
   std::function<void()> reset_peak;
 };

@@ -35,6 +35,12 @@ void pool_free(void* ptr) {
   FT_CUDA_CHECK(cudaFreeAsync(ptr, current_stream()));
 }
 
+int64_t pool_peak_used() {
+  uint64_t value = 0;
+  FT_CUDA_CHECK(cudaMemPoolGetAttribute(g_pool, cudaMemPoolAttrUsedMemHigh, &value));
+  return static_cast<int64_t>(value);
+}
+
 int64_t pool_peak_reserved() {
   uint64_t value = 0;
   FT_CUDA_CHECK(cudaMemPoolGetAttribute(g_pool, cudaMemPoolAttrReservedMemHigh, &value));
@@ -63,8 +69,8 @@ void init_device(int device) {
   uint64_t keep_everything = UINT64_MAX;
   FT_CUDA_CHECK(cudaMemPoolSetAttribute(g_pool, cudaMemPoolAttrReleaseThreshold, &keep_everything));
   g_device = device;
-  register_device_allocator(Device::cuda,
-                            {pool_allocate, pool_free, pool_peak_reserved, pool_reset_peak});
+  register_device_allocator(Device::cuda, {pool_allocate, pool_free, pool_peak_used,
+                                           pool_peak_reserved, pool_reset_peak});
 }
 
 }  // namespace ft::cuda
