@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "cuda_test_util.h"
 #include "grad_check.h"
 #include "nn/adamw.h"
 #include "nn/layers.h"
@@ -21,32 +22,6 @@ namespace ft::nn {
 namespace {
 
 using namespace ft::nn::testing;
-
-#ifndef FLASHTRAIN_WITH_CUDA
-#define SKIP_WITHOUT_GPU() GTEST_SKIP() << "built without CUDA"
-#else
-#define SKIP_WITHOUT_GPU() \
-  if (cuda_device_count() == 0) GTEST_SKIP() << cuda_unavailable_reason()
-#endif
-
-Tensor gpu(const Tensor& t) {
-  return t.to(Device::cuda);
-}
-Tensor host(const Tensor& t) {
-  return t.to(Device::cpu);
-}
-Tensor rnd(const Shape& shape, uint64_t seed, DType dtype, double std = 1.0) {
-  return randn(shape, seed, DType::f64, std).to(dtype);
-}
-Tensor gpu_poisoned(const Shape& shape, DType dtype) {
-  return gpu(poisoned(shape, dtype));
-}
-
-void expect_match(const Tensor& got, const Tensor& want, double tol, const std::string& what) {
-  EXPECT_EQ(got.device(), Device::cuda) << what;
-  EXPECT_EQ(got.dtype(), want.dtype()) << what;
-  expect_close(host(got), want, tol, what.c_str());
-}
 
 void expect_same_bits(const Tensor& got, const Tensor& want, const std::string& what) {
   ASSERT_EQ(got.dtype(), want.dtype()) << what;

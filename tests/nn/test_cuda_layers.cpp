@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "cuda_test_util.h"
 #include "grad_check.h"
 #include "nn/adamw.h"
 #include "nn/layers.h"
@@ -21,26 +22,6 @@ namespace {
 
 using namespace ft::nn::testing;
 
-#ifndef FLASHTRAIN_WITH_CUDA
-#define SKIP_WITHOUT_GPU() GTEST_SKIP() << "built without CUDA"
-#else
-#define SKIP_WITHOUT_GPU() \
-  if (cuda_device_count() == 0) GTEST_SKIP() << cuda_unavailable_reason()
-#endif
-
-Tensor gpu(const Tensor& t) {
-  return t.to(Device::cuda);
-}
-Tensor host(const Tensor& t) {
-  return t.to(Device::cpu);
-}
-// Random N(0, std^2) values rounded to dtype, on the CPU (the GPU gets copies of the same).
-Tensor rnd(const Shape& shape, uint64_t seed, DType dtype, double std = 1.0) {
-  return randn(shape, seed, DType::f64, std).to(dtype);
-}
-Tensor gpu_poisoned(const Shape& shape, DType dtype) {
-  return gpu(poisoned(shape, dtype));
-}
 Tensor gpu_zeros(const Shape& shape, DType dtype) {
   return gpu(Tensor::zeros(shape, dtype));
 }
@@ -52,12 +33,6 @@ Tensor random_ids(const Shape& shape, int32_t vocab, uint64_t seed) {
     t.data<int32_t>()[i] = static_cast<int32_t>((s >> 33) % static_cast<uint64_t>(vocab));
   }
   return t;
-}
-
-void expect_match(const Tensor& got, const Tensor& want, double tol, const std::string& what) {
-  EXPECT_EQ(got.device(), Device::cuda) << what;
-  EXPECT_EQ(got.dtype(), want.dtype()) << what;
-  expect_close(host(got), want, tol, what.c_str());
 }
 
 void expect_error(const std::function<void()>& f, const std::string& needle) {
