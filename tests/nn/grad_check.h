@@ -11,6 +11,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "core/rng.h"
@@ -112,6 +113,16 @@ inline void expect_fp32_and_bf16_agree(const std::vector<Tensor>& inputs, const 
   SCOPED_TRACE(what);
   expect_forward_agrees(inputs, DType::f32, kFp32Tol, forward, "fp32 vs fp64");
   expect_forward_agrees(inputs, DType::bf16, kBf16Tol, forward, "bf16 vs fp64");
+}
+
+// f must throw ft::Error whose message contains needle.
+inline void expect_error(const std::function<void()>& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace ft::nn::testing

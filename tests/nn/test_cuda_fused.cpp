@@ -33,15 +33,6 @@ void expect_same_bits(const Tensor& got, const Tensor& want, const std::string& 
       << what << " is not bit-identical; max |diff| " << max_abs_diff(g, w);
 }
 
-void expect_error(const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
-
 struct Case {
   DType dtype;
   int64_t C;

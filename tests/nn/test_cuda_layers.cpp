@@ -35,15 +35,6 @@ Tensor random_ids(const Shape& shape, int32_t vocab, uint64_t seed) {
   return t;
 }
 
-void expect_error(const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
-
 // One test body per compute dtype and row length: C = 96 takes the 16-byte-pack paths (fp32
 // and bf16), C = 50 the element-wise ones.
 struct Case {
