@@ -8,6 +8,7 @@
 #include <string>
 
 #include "attention/attention.h"
+#include "attention/kernel_config.h"
 #include "commands.h"
 #include "core/device.h"
 #include "core/npy.h"
@@ -22,6 +23,7 @@ namespace {
 struct AttentionOptions {
   std::string q, k, v, dout, segment_ids, out_dir;
   std::string impl = "flash", device = "cpu", dtype = "fp32";
+  std::string config;  // CUDA flash kernel config; empty: the device's default
   bool causal = false, check = false;
   int64_t window = 0;
   double scale = 0.0;
@@ -121,6 +123,21 @@ void run_attention(const AttentionOptions& opt) {
   const Tensor dout = opt.dout.empty() ? Tensor{} : load_float_input("do", opt.dout, dtype);
   std::printf("attention %s on %s: %s\n", attention::impl_name(impl), device_name(device),
               problem.describe().c_str());
+  attention::KernelConfig config;
+  const attention::KernelConfig* config_arg = nullptr;
+  if (!opt.config.empty()) {
+    FT_CHECK(impl == attention::Impl::flash && device == Device::cuda,
+             "--config sets the CUDA flash kernels' tiles: it needs --impl flash --device cuda");
+    config = attention::KernelConfig::parse(opt.config);
+    config_arg = &config;
+  }
+  if (impl == attention::Impl::flash && device == Device::cuda && dtype == DType::bf16) {
+    const auto& limits = attention::DeviceLimits::current();
+    std::printf(
+        "kernels %s (%s)\n",
+        (config_arg ? config : attention::default_config(limits, problem.head_dim)).str().c_str(),
+        config_arg ? "--config" : ("default for " + limits.arch).c_str());
+  }
 
   // The inputs stay on the CPU for --check; segment ids are accepted on either device.
   const auto on_device = [&](const Tensor& t) {
@@ -131,12 +148,14 @@ void run_attention(const AttentionOptions& opt) {
   wait_for(device);
   // Times include the first call's library set-up (e.g. cuBLAS); use bench/ for timings.
   auto start = std::chrono::steady_clock::now();
-  attention::ForwardOutput fwd = attention::forward(impl, problem, q_run, k_run, v_run, segments);
+  attention::ForwardOutput fwd =
+      attention::forward(impl, problem, q_run, k_run, v_run, segments, config_arg);
   std::printf("forward  %.3f ms\n", 1e3 * seconds_since(device, start));
   attention::Gradients grads;
   if (dout.defined()) {
     start = std::chrono::steady_clock::now();
-    grads = attention::backward(impl, problem, q_run, k_run, v_run, fwd, dout_run, segments);
+    grads = attention::backward(impl, problem, q_run, k_run, v_run, fwd, dout_run, segments,
+                                config_arg);
     std::printf("backward %.3f ms\n", 1e3 * seconds_since(device, start));
   }
   fwd.saved = Tensor{};  // naive's S x S probabilities are not needed any more
@@ -183,8 +202,11 @@ void add_attention_command(CLI::App& app) {
       ->required();
   cmd->add_option("--impl", opt->impl, "implementation: reference, naive or flash")
       ->capture_default_str();
-  cmd->add_option("--device", opt->device, "cpu or cuda (cuda: --impl naive)")
+  cmd->add_option("--device", opt->device, "cpu or cuda (cuda: --impl naive or flash)")
       ->capture_default_str();
+  cmd->add_option("--config", opt->config,
+                  "CUDA flash kernel tiles, e.g. 'fwd=128x64/128 bwd=64x128/256/double' "
+                  "(default: the GPU's default; bf16 only, fp32 has fixed kernels)");
   cmd->add_option("--dtype", opt->dtype,
                   "fp32 or bf16 (float32 inputs are rounded to bf16); reference computes in fp64")
       ->capture_default_str();

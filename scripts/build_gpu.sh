@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Builds, on this (GPU-less) machine, the binaries that scripts/gpu_check.sh runs on the GPU
-# machine: CUDA on, sm_90a only, OpenBLAS linked statically (the GPU machine has no OpenBLAS),
+# Builds, on this (GPU-less) machine, the binaries that scripts/gpu_check.sh (and
+# scripts/gpu_attention.sh) run on the GPU machine: CUDA on, sm_90a only, OpenBLAS linked statically (the GPU machine has no OpenBLAS),
 # test and CLI binaries stripped of host symbols and packed so that they travel light.
 # Output: build-gpu/carry.tar.xz (name it in the device tool's carry list).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHTRAIN_CUDA=ON \
-  -DFLASHTRAIN_STATIC_BLAS=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90a}" >/dev/null
+  -DFLASHTRAIN_STATIC_BLAS=ON -DFLASHTRAIN_SWEEP_KERNELS="${SWEEP_KERNELS:-OFF}" -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90a}" >/dev/null
 ninja -C build-gpu
 mkdir -p build-gpu/carry
-for b in flashtrain test_core test_nn test_attention test_models test_train test_apps; do
+for b in flashtrain test_core test_nn test_attention test_models test_train test_apps \
+  bench_attention_gpu; do
   strip -o "build-gpu/carry/$b" "build-gpu/$b"
 done
 # The device tool carries at most 64 MiB: pack the binaries (about 165 MB raw, 15-20 MB packed).

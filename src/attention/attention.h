@@ -69,13 +69,19 @@ struct Gradients {
   Tensor dq, dk, dv;  // like q, k, v; dk and dv sum over the query heads sharing a kv head
 };
 
+struct KernelConfig;  // kernel_config.h
+
 // segment_ids: int32 [B, S] when problem.mask.has_segments, otherwise an undefined Tensor.
+// config: the CUDA flash kernels' tiles (kernel_config.h); null means the device's default.
+// Other implementations ignore it. A config that can_implement() refuses is an ft::Error
+// carrying its reason; nothing is launched.
 ForwardOutput forward(Impl impl, const Problem& problem, const Tensor& q, const Tensor& k,
-                      const Tensor& v, const Tensor& segment_ids = {});
+                      const Tensor& v, const Tensor& segment_ids = {},
+                      const KernelConfig* config = nullptr);
 
 Gradients backward(Impl impl, const Problem& problem, const Tensor& q, const Tensor& k,
                    const Tensor& v, const ForwardOutput& fwd, const Tensor& dout,
-                   const Tensor& segment_ids = {});
+                   const Tensor& segment_ids = {}, const KernelConfig* config = nullptr);
 
 // True when key position j may be attended by query position i of batch row b.
 // The single definition of the mask that every implementation agrees with.

@@ -3,6 +3,7 @@
 // implementation on the device that q lives on. Segment ids may be on either device.
 #include "attention/attention.h"
 #include "attention/cpu/cpu_kernels.h"
+#include "attention/kernel_config.h"
 #ifdef FLASHTRAIN_WITH_CUDA
 #include "attention/cuda/cuda_kernels.h"
 #endif
@@ -20,9 +21,6 @@ void check_device(Impl impl, Device device) {
   if (device == Device::cpu) return;
   FT_CHECK(impl != Impl::reference,
            "attention: reference is CPU only (q is on cuda; copy the inputs to the CPU)");
-  FT_CHECK(impl != Impl::flash,
-           "attention: the CUDA flash kernels are not built yet (use --impl naive on cuda, or "
-           "flash on the CPU)");
 #ifndef FLASHTRAIN_WITH_CUDA
   throw Error("attention: q is on cuda but flashtrain was built without CUDA");
 #endif
@@ -95,14 +93,32 @@ void check_backward_inputs(Impl impl, const Problem& p, const Tensor& q, const F
   }
 }
 
+#ifdef FLASHTRAIN_WITH_CUDA
+// The configuration the CUDA flash kernels run: the given one or the device's default, checked
+// by can_implement() so that nothing it refuses is launched.
+KernelConfig checked_config(const Problem& p, const KernelConfig* config) {
+  const DeviceLimits& device = DeviceLimits::current();
+  const KernelConfig c = config != nullptr ? *config : default_config(device, p.head_dim);
+  const std::string reason = can_implement(c, p, device);
+  FT_CHECK(reason.empty(), "attention: the flash kernels (", c.str(), ") cannot run ", p.describe(),
+           " on ", device.arch, ": ", reason);
+  return c;
+}
+#endif
+
 }  // namespace
 
 ForwardOutput forward(Impl impl, const Problem& problem, const Tensor& q, const Tensor& k,
-                      const Tensor& v, const Tensor& segment_ids) {
+                      const Tensor& v, const Tensor& segment_ids, const KernelConfig* config) {
   check_inputs(impl, problem, q, k, v, segment_ids);
 #ifdef FLASHTRAIN_WITH_CUDA
-  // check_device() let only naive through on the GPU.
-  if (q.device() == Device::cuda) return cuda::naive_forward(problem, q, k, v, segment_ids);
+  // check_device() let only naive and flash through on the GPU.
+  if (q.device() == Device::cuda) {
+    if (impl == Impl::naive) return cuda::naive_forward(problem, q, k, v, segment_ids);
+    return cuda::flash_forward(problem, q, k, v, segment_ids, checked_config(problem, config));
+  }
+#else
+  (void)config;
 #endif
   switch (impl) {
     case Impl::reference:
@@ -117,12 +133,18 @@ ForwardOutput forward(Impl impl, const Problem& problem, const Tensor& q, const 
 
 Gradients backward(Impl impl, const Problem& problem, const Tensor& q, const Tensor& k,
                    const Tensor& v, const ForwardOutput& fwd, const Tensor& dout,
-                   const Tensor& segment_ids) {
+                   const Tensor& segment_ids, const KernelConfig* config) {
   check_inputs(impl, problem, q, k, v, segment_ids);
   check_backward_inputs(impl, problem, q, fwd, dout);
 #ifdef FLASHTRAIN_WITH_CUDA
-  // The saved probabilities carry the mask: segment ids are not needed again.
-  if (q.device() == Device::cuda) return cuda::naive_backward(problem, q, k, v, fwd, dout);
+  if (q.device() == Device::cuda) {
+    // naive's saved probabilities carry the mask: segment ids are not needed again.
+    if (impl == Impl::naive) return cuda::naive_backward(problem, q, k, v, fwd, dout);
+    return cuda::flash_backward(problem, q, k, v, fwd, dout, segment_ids,
+                                checked_config(problem, config));
+  }
+#else
+  (void)config;
 #endif
   switch (impl) {
     case Impl::reference:

@@ -47,6 +47,34 @@ int cuda_compute_capability(int device) {
   return prop.major * 10 + prop.minor;
 }
 
+int cuda_current_device() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return device;
+}
+
+int64_t cuda_max_shared_memory_per_block(int device) {
+  int bytes = 0;
+  if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+      cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return bytes;
+}
+
+int cuda_sm_count(int device) {
+  int count = 0;
+  if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
 void set_tf32(bool allow) {
   cuda::allow_tf32(allow);
 }
@@ -74,6 +102,18 @@ std::string cuda_device_name(int) {
 }
 
 int cuda_compute_capability(int) {
+  return 0;
+}
+
+int cuda_current_device() {
+  return 0;
+}
+
+int64_t cuda_max_shared_memory_per_block(int) {
+  return 0;
+}
+
+int cuda_sm_count(int) {
   return 0;
 }
 

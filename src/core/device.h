@@ -1,6 +1,7 @@
 // What the machine offers beyond the CPU. Without a CUDA build these report no GPU.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "core/dtype.h"
@@ -13,6 +14,12 @@ bool cuda_training_supported();         // the CUDA training backend is compiled
 std::string cuda_device_name(int device);
 // Compute capability as major * 10 + minor (90 for an H100/H200); 0 without a GPU.
 int cuda_compute_capability(int device);
+// The device this thread's CUDA calls go to (0 without a GPU).
+int cuda_current_device();
+// Shared memory one block may use with the opt-in attribute, in bytes (0 without a GPU).
+int64_t cuda_max_shared_memory_per_block(int device);
+// Streaming multiprocessors of the device (0 without a GPU).
+int cuda_sm_count(int device);
 // fp32 GEMMs on the GPU use TF32 tensor cores only when allowed (off by default: fp32 mode is
 // true fp32).
 void set_tf32(bool allow);

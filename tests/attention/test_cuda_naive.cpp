@@ -11,33 +11,16 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <limits>
 #include <string>
 
 #include "attention_test_util.h"
 #include "core/device.h"
 #include "core/npy.h"
+#include "cuda_test_util.h"
 #include "test_util.h"
-
-#ifdef FLASHTRAIN_WITH_CUDA
-#include "core/cuda/gemm.h"
-#include "core/cuda/runtime.h"
-#endif
 
 namespace ft::attention::testing {
 namespace {
-
-// "" when the GPU is usable (and set up: GPU 0, TF32 off); otherwise why not.
-std::string gpu_unavailable() {
-#ifndef FLASHTRAIN_WITH_CUDA
-  return "built without CUDA";
-#else
-  if (cuda_device_count() == 0) return cuda_unavailable_reason();
-  cuda::init_device(0);
-  cuda::allow_tf32(false);
-  return "";
-#endif
-}
 
 class CudaNaiveTest : public ::testing::Test {
  protected:
@@ -47,47 +30,18 @@ class CudaNaiveTest : public ::testing::Test {
   }
 };
 
-// Allocates `bytes` on the GPU, fills them with NaN and frees them: the stream-ordered pool
-// hands the same memory to the next allocations, so unwritten elements read as NaN.
-void poison_device_pool(int64_t bytes) {
-  Tensor junk = Tensor::empty({bytes / 4 + 1}, DType::f32, Device::cuda);
-  junk.fill(std::numeric_limits<double>::quiet_NaN());
-}
-
 int64_t naive_bytes(const Problem& p) {
   const int64_t squares = p.batch * p.q_heads * p.seq_len * p.seq_len;
   const int64_t rows = p.batch * p.seq_len * p.q_heads * p.head_dim;
   return 4 * (2 * squares + 8 * rows) + (16 << 20);
 }
 
-struct GpuResult {  // copied back to the CPU
-  ForwardOutput fwd;
-  Gradients grads;
-};
-
 GpuResult run_on_gpu(const Inputs& in, bool segments_on_gpu) {
-  poison_device_pool(naive_bytes(in.problem));
-  const Tensor q = in.q.to(Device::cuda), k = in.k.to(Device::cuda), v = in.v.to(Device::cuda);
-  const Tensor dout = in.dout.to(Device::cuda);
-  const Tensor seg = in.segment_ids.defined() && segments_on_gpu ? in.segment_ids.to(Device::cuda)
-                                                                 : in.segment_ids;
-  const ForwardOutput f = forward(Impl::naive, in.problem, q, k, v, seg);
-  const Gradients g = backward(Impl::naive, in.problem, q, k, v, f, dout, seg);
+  GpuResult r = testing::run_on_gpu(Impl::naive, in, segments_on_gpu, naive_bytes(in.problem));
   const Problem& p = in.problem;
-  for (const Tensor* t : {&f.o, &f.lse, &f.saved, &g.dq, &g.dk, &g.dv}) {
-    EXPECT_EQ(t->device(), Device::cuda);
-  }
-  EXPECT_EQ(f.o.shape(), in.q.shape());
-  EXPECT_EQ(f.o.dtype(), p.dtype);
-  EXPECT_EQ(f.lse.shape(), (Shape{p.batch, p.q_heads, p.seq_len}));
-  EXPECT_EQ(f.lse.dtype(), DType::f32);
-  EXPECT_EQ(f.saved.shape(), (Shape{p.batch, p.q_heads, p.seq_len, p.seq_len}));
-  EXPECT_EQ(f.saved.dtype(), DType::f32);  // fp32 P for both dtypes, as on the CPU
-  EXPECT_EQ(g.dq.shape(), in.q.shape());
-  EXPECT_EQ(g.dk.shape(), in.k.shape());
-  EXPECT_EQ(g.dv.shape(), in.v.shape());
-  return {{f.o.to(Device::cpu), f.lse.to(Device::cpu), f.saved.to(Device::cpu)},
-          {g.dq.to(Device::cpu), g.dk.to(Device::cpu), g.dv.to(Device::cpu)}};
+  EXPECT_EQ(r.fwd.saved.shape(), (Shape{p.batch, p.q_heads, p.seq_len, p.seq_len}));
+  EXPECT_EQ(r.fwd.saved.dtype(), DType::f32);  // fp32 P for both dtypes, as on the CPU
+  return r;
 }
 
 // P of the GPU against exp(scale * q.k - lse) from the reference's fp64 lse, element by element:
@@ -158,28 +112,6 @@ Errors errors_of(const char* what, const Inputs& in, const ForwardOutput& fwd, c
   return {error_vs(fwd.o, ref.o),       lse.relative,
           error_vs(g.dq, ref_grads.dq), error_vs(g.dk, ref_grads.dk),
           error_vs(g.dv, ref_grads.dv), probs};
-}
-
-struct Case {
-  const char* name;
-  Shapes shapes;
-  bool causal = false;
-  int64_t window = 0;
-  bool segments = false;
-  bool scattered = false;        // interleaved segment ids instead of packed runs
-  bool segments_on_gpu = false;  // pass the ids as a GPU tensor (else the CPU one)
-
-  Mask mask() const {
-    Mask m;
-    m.causal = causal;
-    m.window = window;
-    m.has_segments = segments;
-    return m;
-  }
-};
-
-void PrintTo(const Case& c, std::ostream* os) {
-  *os << c.name;
 }
 
 // {name, {B, S, Hq, Hkv, D}, causal, window, segments, scattered, segments_on_gpu}
@@ -298,8 +230,6 @@ TEST_F(CudaNaiveTest, SameResultsRunAfterRun) {
 TEST_F(CudaNaiveTest, UnsupportedCombinationsFailClearly) {
   const Inputs in = make_inputs({1, 16, 4, 2, 32}, {}, DType::f32, 3);
   const Tensor q = in.q.to(Device::cuda), k = in.k.to(Device::cuda), v = in.v.to(Device::cuda);
-  expect_error([&] { forward(Impl::flash, in.problem, q, k, v); },
-               {"the CUDA flash kernels are not built yet"});
   expect_error([&] { forward(Impl::reference, in.problem, q, k, v); }, {"reference is CPU only"});
   expect_error([&] { forward(Impl::naive, in.problem, q, in.k, v); }, {"k", "cpu", "cuda"});
   // A CPU forward output handed to the GPU backward: its P is on the wrong device.

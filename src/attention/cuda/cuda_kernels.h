@@ -4,6 +4,7 @@
 #pragma once
 
 #include "attention/attention.h"
+#include "attention/kernel_config.h"
 #include "core/tensor.h"
 
 namespace ft::attention::cuda {
@@ -16,5 +17,15 @@ ForwardOutput naive_forward(const Problem& p, const Tensor& q, const Tensor& k, 
                             const Tensor& segment_ids);
 Gradients naive_backward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
                          const ForwardOutput& fwd, const Tensor& dout);
+
+// flash: q, k, v (and do) fp32 or bf16 on the GPU; segment ids on either device. config: the
+// bf16 kernels' tiles (already accepted by can_implement); fp32 runs its fixed kernels. lse is
+// fp32; saved holds the per-16-position segment summary (int32 [B, ceil(S/16), 4]) when the mask
+// has segments, so backward does not recompute it.
+ForwardOutput flash_forward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& segment_ids, const KernelConfig& config);
+Gradients flash_backward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                         const ForwardOutput& fwd, const Tensor& dout, const Tensor& segment_ids,
+                         const KernelConfig& config);
 
 }  // namespace ft::attention::cuda

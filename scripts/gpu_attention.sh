@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine, from the repository root, over binaries built by scripts/build_gpu.sh
+# and carried as build-gpu/carry.tar.xz: the CUDA attention tests (flash over every compiled
+# kernel configuration, naive, kernel configurations), compute-sanitizer memcheck and racecheck
+# on small cases that launch every compiled kernel, then the attention benchmark beside PyTorch
+# (bench/attention_gpu.sh). Logs under $OUT (default ./gpu-out). Steps: $STEPS (default
+# "tests sanitizer bench"); GTEST_FILTER narrows the tests.
+set -uo pipefail
+out="${OUT:-gpu-out}"
+mkdir -p "$out"
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export PATH="/usr/local/cuda/bin:$PATH"
+if [ ! -e /work/main/data ]; then mkdir -p /work && ln -sfn "$PWD" /work/main; fi
+[ -d build-gpu/carry ] || tar -C build-gpu -xJf build-gpu/carry.tar.xz || exit 1
+ln -sfn carry/flashtrain build-gpu/flashtrain
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+tests=build-gpu/carry/test_attention
+status=0
+
+summary() {  # name, exit code, log
+  printf '%-28s exit %d  %s\n' "$1" "$2" \
+    "$(grep -E '^\[  (PASSED|FAILED|SKIPPED) |ERROR SUMMARY' "$3" | tr '\n' ' ' | cut -c1-160)"
+  grep -E '^\[  FAILED  \]' "$3" | head -20
+  [ "$2" -eq 0 ] || status=1
+}
+
+for step in ${STEPS:-tests sanitizer bench}; do
+  start=$(date +%s)
+  case "$step" in
+    tests)
+      "$tests" --gtest_color=no \
+        --gtest_filter="${GTEST_FILTER:-*CudaFlash*:*CudaNaive*:KernelConfig*}" >"$out/tests.log" 2>&1
+      summary tests $? "$out/tests.log"
+      ;;
+    sanitizer)
+      # Small cases; the bf16 test launches every compiled configuration, fp32 its kernels.
+      small='*CudaFlashAccuracy.*/s7_h8g2_d32_window3_segments:*CudaFlashAccuracy.*/s64_h8g8_d128_causal_window8_scattered:*CudaFlashAccuracy.*/s64_h2g1_d64_scattered_segments'
+      for tool in memcheck racecheck; do
+        compute-sanitizer --tool "$tool" --error-exitcode 9 "$tests" --gtest_color=no \
+          --gtest_filter="$small" >"$out/sanitizer_$tool.log" 2>&1
+        summary "sanitizer $tool" $? "$out/sanitizer_$tool.log"
+      done
+      ;;
+    bench)
+      OUT="$out/bench" BENCH_BIN=build-gpu/carry/bench_attention_gpu bench/attention_gpu.sh \
+        ${BENCH_ARGS:-} >"$out/bench.log" 2>&1
+      rc=$?
+      cat "$out/bench.log"
+      [ $rc -eq 0 ] || status=1
+      ;;
+    *) echo "unknown step '$step' (steps: tests sanitizer bench)"; status=1 ;;
+  esac
+  echo "-- $step: $(($(date +%s) - start)) s"
+done
+exit $status

@@ -1,0 +1,225 @@
+// The CUDA flash implementation behind attention.h: allocates outputs and scratch, summarises the
+// segment ids per 16 positions, runs the backward preprocess (D = rowsum(dO * O), dQ buffer
+// zeroed) and the dQ conversion, and picks the compiled kernel of the configuration.
+//
+// Memory: o and lse forward; backward D [B, Hq, S] fp32 and, for bf16, a dQ buffer
+// [B, S, Hq, D] fp32. Nothing of size S x S.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "attention/cuda/cuda_kernels.h"
+#include "attention/cuda/flash_bf16.cuh"
+#include "attention/cuda/flash_launch.h"
+#include "core/cuda/check.h"
+#include "core/cuda/runtime.h"
+
+namespace ft::attention::cuda {
+namespace {
+
+__global__ void segment_chunks_kernel(const int32_t* ids, SegmentChunk* chunks, int batch,
+                                      int seq_len, int per_row) {
+  const int idx = blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= batch * per_row) return;
+  const int b = idx / per_row, c = idx % per_row;
+  SegmentChunk s{0x7fffffff, -1, 0, 0};
+  const int end = min(seq_len, (c + 1) * kSegmentChunk);
+  for (int i = c * kSegmentChunk; i < end; ++i) {
+    const int id = ids[int64_t{b} * seq_len + i];
+    if (id < 0) {
+      s.has_padding = 1;
+    } else {
+      s.lowest = min(s.lowest, id);
+      s.highest = max(s.highest, id);
+    }
+  }
+  chunks[idx] = s;
+}
+
+__device__ __forceinline__ float as_float(float x) {
+  return x;
+}
+__device__ __forceinline__ float as_float(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+
+// One warp per (batch, position, head) row: dsum = sum_d dO * O; zeroes the row's dQ buffer.
+template <class T>
+__global__ void backward_preprocess_kernel(const T* o, const T* dout, float* dsum, float* dq_accum,
+                                           int64_t rows, int seq_len, int heads, int head_dim) {
+  const int64_t row = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const T* o_row = o + row * head_dim;
+  const T* do_row = dout + row * head_dim;
+  float acc = 0.0f;
+  for (int d = lane; d < head_dim; d += 32) acc += as_float(o_row[d]) * as_float(do_row[d]);
+  for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+  const int64_t b = row / (int64_t{seq_len} * heads);
+  const int i = static_cast<int>((row / heads) % seq_len), h = static_cast<int>(row % heads);
+  if (lane == 0) dsum[(b * heads + h) * seq_len + i] = acc;
+  if (dq_accum != nullptr) {
+    for (int d = lane; d < head_dim; d += 32) dq_accum[row * head_dim + d] = 0.0f;
+  }
+}
+
+__global__ void convert_dq_kernel(const float* dq_accum, __nv_bfloat16* dq, int64_t n,
+                                  float scale) {
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i < n) dq[i] = __float2bfloat16_rn(dq_accum[i] * scale);
+}
+
+unsigned blocks_for(int64_t threads_needed, int block) {
+  return static_cast<unsigned>((threads_needed + block - 1) / block);
+}
+
+const Bf16Kernels& bf16_kernels() {
+  static const Bf16Kernels table = [] {
+    Bf16Kernels k;
+    add_bf16_forward_d32(k);
+    add_bf16_forward_d64(k);
+    add_bf16_forward_d128(k);
+    add_bf16_backward_d32(k);
+    add_bf16_backward_d64(k);
+    add_bf16_backward_d128(k);
+    return k;
+  }();
+  return table;
+}
+
+FlashParams make_params(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v) {
+  FlashParams fp;
+  fp.q = q.raw();
+  fp.k = k.raw();
+  fp.v = v.raw();
+  fp.causal = p.mask.causal;
+  // A window of S or more hides nothing; clamping keeps the int arithmetic of the kernels safe.
+  fp.window = static_cast<int>(std::min(p.mask.window, p.seq_len));
+  fp.batch = static_cast<int>(p.batch);
+  fp.seq_len = static_cast<int>(p.seq_len);
+  fp.q_heads = static_cast<int>(p.q_heads);
+  fp.kv_heads = static_cast<int>(p.kv_heads);
+  fp.head_dim = static_cast<int>(p.head_dim);
+  fp.scale = static_cast<float>(p.effective_scale());
+  fp.scale_log2 = static_cast<float>(p.effective_scale() * 1.4426950408889634);
+  return fp;
+}
+
+// Segment ids on the GPU and their chunk summary (undefined tensors without segments).
+struct DeviceSegments {
+  Tensor ids, chunks;
+};
+
+DeviceSegments device_segments(const Problem& p, const Tensor& segment_ids,
+                               const Tensor& saved_chunks = {}) {
+  DeviceSegments s;
+  if (!p.mask.has_segments) return s;
+  s.ids = segment_ids.device() == Device::cuda ? segment_ids : segment_ids.to(Device::cuda);
+  const int per_row = static_cast<int>((p.seq_len + kSegmentChunk - 1) / kSegmentChunk);
+  if (saved_chunks.defined()) {
+    s.chunks = saved_chunks;
+    return s;
+  }
+  s.chunks = Tensor::empty({p.batch, per_row, 4}, DType::i32, Device::cuda);
+  segment_chunks_kernel<<<blocks_for(p.batch * per_row, 256), 256, 0, ft::cuda::current_stream()>>>(
+      s.ids.data<int32_t>(), reinterpret_cast<SegmentChunk*>(s.chunks.data<int32_t>()),
+      static_cast<int>(p.batch), static_cast<int>(p.seq_len), per_row);
+  FT_CUDA_CHECK(cudaGetLastError());
+  return s;
+}
+
+void attach(FlashParams& fp, const DeviceSegments& s) {
+  if (!s.ids.defined()) return;
+  fp.segment_ids = s.ids.data<int32_t>();
+  fp.segment_chunks = reinterpret_cast<const SegmentChunk*>(s.chunks.data<int32_t>());
+}
+
+}  // namespace
+
+void flash_bf16_forward(const TileConfig& tile, const FlashParams& p, cudaStream_t stream) {
+  for (const auto& k : bf16_kernels().forward) {
+    if (k.head_dim == p.head_dim && k.tile == tile) return k.launch(p, stream);
+  }
+  throw Error(str("attention: no compiled bf16 forward kernel for tile ", tile.str(),
+                  " and head dim ", p.head_dim));
+}
+
+void flash_bf16_backward(const TileConfig& tile, BackwardPath path, const FlashParams& p,
+                         cudaStream_t stream) {
+  for (const auto& k : bf16_kernels().backward) {
+    if (k.head_dim == p.head_dim && k.tile == tile && k.path == path) return k.launch(p, stream);
+  }
+  throw Error(str("attention: no compiled bf16 backward kernel for tile ", tile.str(), "/",
+                  backward_path_name(path), " and head dim ", p.head_dim));
+}
+
+ForwardOutput flash_forward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& segment_ids, const KernelConfig& config) {
+  FlashParams fp = make_params(p, q, k, v);
+  const DeviceSegments seg = device_segments(p, segment_ids);
+  attach(fp, seg);
+  ForwardOutput out;
+  out.o = Tensor::empty(q.shape(), p.dtype, Device::cuda);
+  out.lse = Tensor::empty({p.batch, p.q_heads, p.seq_len}, DType::f32, Device::cuda);
+  out.saved = seg.chunks;
+  fp.o = out.o.raw();
+  fp.lse = out.lse.data<float>();
+  if (p.dtype == DType::f32) {
+    flash_fp32_forward(fp, ft::cuda::current_stream());
+  } else {
+    flash_bf16_forward(config.forward, fp, ft::cuda::current_stream());
+  }
+  return out;
+}
+
+Gradients flash_backward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                         const ForwardOutput& fwd, const Tensor& dout, const Tensor& segment_ids,
+                         const KernelConfig& config) {
+  FlashParams fp = make_params(p, q, k, v);
+  const DeviceSegments seg = device_segments(p, segment_ids, fwd.saved);
+  attach(fp, seg);
+  fp.lse = const_cast<float*>(fwd.lse.data<float>());
+  fp.dout = dout.raw();
+  Gradients g;
+  g.dq = Tensor::empty(q.shape(), p.dtype, Device::cuda);
+  g.dk = Tensor::empty(k.shape(), p.dtype, Device::cuda);
+  g.dv = Tensor::empty(v.shape(), p.dtype, Device::cuda);
+  fp.dq = g.dq.raw();
+  fp.dk = g.dk.raw();
+  fp.dv = g.dv.raw();
+  Tensor dsum = Tensor::empty({p.batch, p.q_heads, p.seq_len}, DType::f32, Device::cuda);
+  fp.dsum = dsum.data<float>();
+  const bool bf16 = p.dtype == DType::bf16;
+  Tensor dq_accum;
+  if (bf16) {
+    dq_accum = Tensor::empty(q.shape(), DType::f32, Device::cuda);
+    fp.dq_accum = dq_accum.data<float>();
+  }
+  const int64_t rows = p.batch * p.seq_len * p.q_heads;
+  const cudaStream_t stream = ft::cuda::current_stream();
+  const unsigned blocks = blocks_for(rows * 32, 256);
+  if (bf16) {
+    backward_preprocess_kernel<<<blocks, 256, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(fwd.o.raw()),
+        static_cast<const __nv_bfloat16*>(dout.raw()), fp.dsum, fp.dq_accum, rows, fp.seq_len,
+        fp.q_heads, fp.head_dim);
+  } else {
+    backward_preprocess_kernel<<<blocks, 256, 0, stream>>>(fwd.o.data<float>(), dout.data<float>(),
+                                                           fp.dsum, nullptr, rows, fp.seq_len,
+                                                           fp.q_heads, fp.head_dim);
+  }
+  FT_CUDA_CHECK(cudaGetLastError());
+  if (!bf16) {
+    flash_fp32_backward(fp, stream);
+    return g;
+  }
+  flash_bf16_backward(config.backward, config.backward_path, fp, stream);
+  const int64_t n = q.numel();
+  convert_dq_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(
+      fp.dq_accum, static_cast<__nv_bfloat16*>(fp.dq), n, fp.scale);
+  FT_CUDA_CHECK(cudaGetLastError());
+  return g;
+}
+
+}  // namespace ft::attention::cuda

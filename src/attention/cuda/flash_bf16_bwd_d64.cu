@@ -1,0 +1,11 @@
+// Backward kernels of every compiled tile and path for head dim 64 (one file per head dim and
+// direction, so that the instantiations compile in parallel).
+#include "attention/cuda/flash_bf16.cuh"
+
+namespace ft::attention::cuda {
+
+void add_bf16_backward_d64(Bf16Kernels& k) {
+  add_backward_kernels<64>(k);
+}
+
+}  // namespace ft::attention::cuda

@@ -1,0 +1,117 @@
+// What every CUDA flash kernel shares: the launch parameters, and the mask on the device (the
+// per-tile classification of mask_bounds.h and the element-wise allowed() of attention.h, in
+// the same definitions).
+//
+// Segment ids are summarised per 16-position chunk (SegmentChunk, made by one small kernel per
+// call, flash.cu): a tile combines the chunks it covers, so a kernel proves a tile hidden or
+// fully attended from a handful of cached loads. Every tile edge is a multiple of 16.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace ft::attention::cuda {
+
+inline constexpr int kSegmentChunk = 16;
+
+// Smallest and largest non-padding id of 16 positions, and whether one of them is padding
+// (highest < lowest: all padding).
+struct SegmentChunk {
+  int lowest, highest, has_padding, unused;
+};
+
+struct FlashParams {
+  // [B, S, H, D] contiguous, bf16 or fp32 as the problem's dtype.
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* o = nullptr;
+  float* lse = nullptr;  // [B, Hq, S], natural log; -inf for rows that see no key
+  // Backward.
+  const void* dout = nullptr;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  float* dq_accum = nullptr;  // [B, S, Hq, D] fp32 scratch (bf16 path)
+  float* dsum = nullptr;      // [B, Hq, S] fp32: D = rowsum(dO * O)
+  // Mask.
+  const int32_t* segment_ids = nullptr;          // [B, S] or null
+  const SegmentChunk* segment_chunks = nullptr;  // [B, ceil(S / 16)] or null
+  bool causal = false;
+  int window = 0;  // 0: none; keys >= query - (window - 1)
+
+  int batch = 0, seq_len = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
+  float scale = 0.0f;       // softmax scale
+  float scale_log2 = 0.0f;  // scale * log2(e): scores go through exp2
+
+  __host__ __device__ int group() const { return q_heads / kv_heads; }
+  __host__ __device__ int chunks_per_row() const {
+    return (seq_len + kSegmentChunk - 1) / kSegmentChunk;
+  }
+};
+
+enum class Cover { hidden, partial, full };
+
+// The segment chunks of positions [begin, end) of one batch row, combined.
+__device__ __forceinline__ SegmentChunk combine_chunks(const SegmentChunk* row, int begin,
+                                                       int end) {
+  SegmentChunk s{0x7fffffff, -1, 0, 0};
+  for (int c = begin / kSegmentChunk; c * kSegmentChunk < end; ++c) {
+    const SegmentChunk x = row[c];
+    s.lowest = min(s.lowest, x.lowest);
+    s.highest = max(s.highest, x.highest);
+    s.has_padding |= x.has_padding;
+  }
+  return s;
+}
+
+// Queries [q0, q1) x keys [k0, k1) (q0 and k0 multiples of 16; q1, k1 at most seq_len). The
+// query block's chunks are combined once by the caller. Mirrors classify_tile() in
+// mask_bounds.h; keys past the sequence end are the caller's to mask.
+__device__ __forceinline__ Cover classify(const FlashParams& p, const SegmentChunk* seg_row,
+                                          const SegmentChunk& q_span, int q0, int q1, int k0,
+                                          int k1) {
+  if (p.causal && k0 > q1 - 1) return Cover::hidden;
+  if (p.window > 0 && k1 - 1 < q0 - (p.window - 1)) return Cover::hidden;
+  bool segments_full = true;
+  if (seg_row != nullptr) {
+    const SegmentChunk k_span = combine_chunks(seg_row, k0, k1);
+    if (q_span.highest < q_span.lowest || k_span.highest < k_span.lowest) return Cover::hidden;
+    if (q_span.highest < k_span.lowest || k_span.highest < q_span.lowest) return Cover::hidden;
+    segments_full = !q_span.has_padding && !k_span.has_padding && q_span.lowest == q_span.highest &&
+                    k_span.lowest == k_span.highest && q_span.lowest == k_span.lowest;
+  }
+  const bool causal_full = !p.causal || k1 - 1 <= q0;
+  const bool window_full = p.window <= 0 || k0 >= (q1 - 1) - (p.window - 1);
+  return causal_full && window_full && segments_full ? Cover::full : Cover::partial;
+}
+
+// Key range [begin, end) that queries [q0, q1) may see under causal and window.
+__device__ __forceinline__ int2 key_range(const FlashParams& p, int q0, int q1) {
+  int2 r{0, p.seq_len};
+  if (p.causal) r.y = min(p.seq_len, q1);
+  if (p.window > 0) r.x = max(0, q0 - (p.window - 1));
+  return r;
+}
+
+// Query range [begin, end) that may see keys [k0, k1) under causal and window.
+__device__ __forceinline__ int2 query_range(const FlashParams& p, int k0, int k1) {
+  int2 r{0, p.seq_len};
+  if (p.causal) r.x = k0;
+  if (p.window > 0) r.y = min(p.seq_len, (k1 - 1) + p.window);
+  return r;
+}
+
+// The element-wise mask (attention.h allowed()), with the query's segment id already read
+// (qid; pass 0 without segments) and positions past the sequence end hidden.
+__device__ __forceinline__ bool allowed(const FlashParams& p, const int32_t* seg_row, int qid,
+                                        int i, int j) {
+  if (j >= p.seq_len) return false;
+  if (p.causal && j > i) return false;
+  if (p.window > 0 && j < i - (p.window - 1)) return false;
+  if (seg_row != nullptr && (qid < 0 || seg_row[j] != qid)) return false;
+  return true;
+}
+
+}  // namespace ft::attention::cuda

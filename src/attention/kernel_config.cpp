@@ -1,0 +1,308 @@
+// Kernel configurations: text form, per-architecture limits and defaults, and can_implement().
+// The warp-layout and shared-memory rules here mirror the kernels' static_asserts and shared
+// memory plans (src/attention/cuda/flash_bf16.cuh); a test instantiates every rule's boundary.
+#include "attention/kernel_config.h"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <regex>
+#include <sstream>
+
+#include "attention/flash_kernel_list.h"
+#include "core/device.h"
+
+namespace ft::attention {
+
+const char* backward_path_name(BackwardPath path) {
+  return path == BackwardPath::single ? "single" : "double";
+}
+
+BackwardPath parse_backward_path(const std::string& s) {
+  if (s == "single") return BackwardPath::single;
+  if (s == "double") return BackwardPath::double_buffered;
+  throw Error(str("unknown backward path '", s, "' (allowed: single, double)"));
+}
+
+std::vector<BackwardPath> all_backward_paths() {
+  return {BackwardPath::single, BackwardPath::double_buffered};
+}
+
+std::string TileConfig::str() const {
+  return ft::str(block_m, "x", block_n, "/", threads);
+}
+
+std::string KernelConfig::str() const {
+  return ft::str("fwd=", forward.str(), " bwd=", backward.str(), "/",
+                 backward_path_name(backward_path));
+}
+
+KernelConfig KernelConfig::parse(const std::string& text, const KernelConfig& base) {
+  static const std::regex fwd_re(R"(^fwd=(\d+)x(\d+)/(\d+)$)");
+  static const std::regex bwd_re(R"(^bwd=(\d+)x(\d+)/(\d+)(?:/(single|double))?$)");
+  const std::string expected =
+      "expected 'fwd=MxN/THREADS bwd=MxN/THREADS/PATH', e.g. 'fwd=128x64/128 "
+      "bwd=64x64/128/double' (either part may be left out; PATH: single or double)";
+  KernelConfig c = base;
+  std::istringstream words(text);
+  std::string word;
+  int parts = 0;
+  while (words >> word) {
+    std::smatch m;
+    if (std::regex_match(word, m, fwd_re)) {
+      c.forward = {std::stoi(m[1]), std::stoi(m[2]), std::stoi(m[3])};
+    } else if (std::regex_match(word, m, bwd_re)) {
+      c.backward = {std::stoi(m[1]), std::stoi(m[2]), std::stoi(m[3])};
+      if (m[4].matched) c.backward_path = parse_backward_path(m[4]);
+    } else {
+      throw Error(ft::str("kernel config: cannot read '", word, "' in '", text, "': ", expected));
+    }
+    ++parts;
+  }
+  FT_CHECK(parts > 0, "kernel config: '", text, "' is empty: ", expected);
+  return c;
+}
+
+// ---- devices ----
+
+namespace {
+
+struct ArchRow {
+  const char* arch;
+  int compute_capability;
+  int64_t max_smem_per_block;
+};
+
+// Per-block shared memory with the opt-in, from the CUDA programming guide's table.
+constexpr ArchRow kArchs[] = {
+    {"sm80", 80, 166912}, {"sm86", 86, 101376},   {"sm89", 89, 101376},
+    {"sm90", 90, 232448}, {"sm100", 100, 232448}, {"sm120", 120, 101376},
+};
+
+std::string family_of(int cc) {
+  if (cc >= 120) return "sm120";
+  if (cc >= 100) return "sm100";
+  if (cc >= 90) return "sm90";
+  if (cc >= 86) return "sm86";
+  return "sm80";
+}
+
+}  // namespace
+
+std::vector<std::string> DeviceLimits::known_archs() {
+  std::vector<std::string> out;
+  for (const ArchRow& row : kArchs) out.push_back(row.arch);
+  return out;
+}
+
+DeviceLimits DeviceLimits::for_arch(const std::string& arch) {
+  for (const ArchRow& row : kArchs) {
+    if (arch == row.arch) return {row.arch, row.compute_capability, row.max_smem_per_block, 1024};
+  }
+  std::string known;
+  for (const ArchRow& row : kArchs) known += (known.empty() ? "" : ", ") + std::string(row.arch);
+  throw Error(ft::str("unknown architecture '", arch, "' (known: ", known, ")"));
+}
+
+const DeviceLimits& DeviceLimits::current() {
+  static std::mutex mutex;
+  static std::map<int, DeviceLimits> cache;
+  const int device = cuda_current_device();
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(device);
+  if (it != cache.end()) return it->second;
+  FT_CHECK(cuda_device_count() > 0, "no CUDA device: ", cuda_unavailable_reason());
+  DeviceLimits d;
+  d.compute_capability = cuda_compute_capability(device);
+  d.arch = ft::str("sm", d.compute_capability);
+  d.max_smem_per_block = cuda_max_shared_memory_per_block(device);
+  return cache.emplace(device, d).first->second;
+}
+
+// ---- shared memory plans (flash_bf16.cuh allocates exactly these) ----
+
+int64_t forward_smem_bytes(const TileConfig& t, int64_t head_dim) {
+  // Q tile, plus K and V tiles in two stages each; bf16.
+  return 2 * head_dim * (t.block_m + 4 * int64_t{t.block_n});
+}
+
+int64_t backward_smem_bytes(const TileConfig& t, BackwardPath path, int64_t head_dim) {
+  const int64_t stages = path == BackwardPath::double_buffered ? 2 : 1;
+  const int64_t m = t.block_m, n = t.block_n;
+  // K and V (bf16) once; Q and dO (bf16) with lse and D (fp32) per stage; dS (bf16).
+  return 4 * head_dim * n + stages * (4 * head_dim * m + 8 * m) + 2 * m * n;
+}
+
+const std::vector<int64_t>& flash_head_dims() {
+  static const std::vector<int64_t> dims = {
+#define FT_DIM(d) d,
+      FT_FLASH_HEAD_DIMS(FT_DIM)
+#undef FT_DIM
+  };
+  return dims;
+}
+
+const CompiledKernels& compiled_kernels() {
+  static const CompiledKernels k = [] {
+    CompiledKernels c;
+#define FT_TILE(m, n, t) TileConfig{m, n, t},
+    c.forward = {FT_FLASH_FORWARD_TILES(FT_TILE)};
+    c.backward = {FT_FLASH_BACKWARD_TILES(FT_TILE)};
+#undef FT_TILE
+    c.head_dims = flash_head_dims();
+#ifdef FLASHTRAIN_SWEEP_KERNELS
+    c.sweep_set = true;
+#endif
+    return c;
+  }();
+  return k;
+}
+
+std::vector<TileConfig> sweep_forward_tiles() {
+  // One thread count per forward tile (16 or 32 query rows per warp), and:
+  // 128x64 also with 16 rows per warp (fewer registers, more warps).
+  return {{64, 64, 128},  {64, 128, 128},  {128, 32, 128}, {128, 64, 128},
+          {128, 64, 256}, {128, 128, 256}, {192, 64, 192}, {256, 64, 256}};
+}
+
+std::vector<TileConfig> sweep_backward_tiles() {
+  std::vector<TileConfig> out;
+  for (const auto& [m, n] : std::vector<std::pair<int, int>>{
+           {64, 64}, {64, 128}, {128, 64}, {128, 128}, {192, 64}, {256, 64}}) {
+    for (int threads : {128, 256}) out.push_back({m, n, threads});
+  }
+  return out;
+}
+
+// ---- can_implement ----
+
+namespace {
+
+bool contains(const std::vector<TileConfig>& tiles, const TileConfig& t) {
+  return std::find(tiles.begin(), tiles.end(), t) != tiles.end();
+}
+
+std::string threads_reason(const char* which, const TileConfig& t, int max_threads) {
+  if (t.block_m <= 0 || t.block_n <= 0 || t.threads <= 0) {
+    return ft::str(which, " tile ", t.str(), ": sizes must be positive");
+  }
+  if (t.threads % 32 != 0 || t.threads > max_threads) {
+    return ft::str(which, " tile ", t.str(), ": threads must be a multiple of 32 up to ",
+                   max_threads);
+  }
+  return "";
+}
+
+// Forward: warps split the query rows, 16 or 32 rows each; key tiles are whole 16-key steps.
+std::string forward_layout_reason(const TileConfig& t) {
+  const int warps = t.threads / 32;
+  if (t.block_m % warps != 0 || (t.block_m / warps != 16 && t.block_m / warps != 32)) {
+    return ft::str("forward tile ", t.str(), ": ", warps, " warps must split the ", t.block_m,
+                   " query rows into 16 or 32 rows each");
+  }
+  if (t.block_n % 16 != 0) {
+    return ft::str("forward tile ", t.str(), ": key rows must be a multiple of 16");
+  }
+  return "";
+}
+
+// Backward: warps split the key rows, 16 or 32 each; for dQ they split the query rows into
+// 16-row steps and, when fewer steps than warps, the head dim into 16-column slices.
+std::string backward_layout_reason(const TileConfig& t, int64_t head_dim) {
+  const int warps = t.threads / 32;
+  if (t.block_n % warps != 0 || (t.block_n / warps != 16 && t.block_n / warps != 32)) {
+    return ft::str("backward tile ", t.str(), ": ", warps, " warps must split the ", t.block_n,
+                   " key rows into 16 or 32 rows each");
+  }
+  if (t.block_m % 16 != 0) {
+    return ft::str("backward tile ", t.str(), ": query rows must be a multiple of 16");
+  }
+  const int m_steps = t.block_m / 16;
+  const int warps_m = std::min(warps, m_steps);
+  const int warps_n = warps / warps_m;
+  if (m_steps % warps_m != 0 || warps % warps_m != 0 || head_dim % (16 * warps_n) != 0) {
+    return ft::str("backward tile ", t.str(), ": the dQ step cannot split ", t.block_m,
+                   " query rows x head dim ", head_dim, " over ", warps, " warps");
+  }
+  return "";
+}
+
+std::string smem_reason(const char* which, const std::string& tile, int64_t bytes,
+                        const DeviceLimits& d) {
+  if (bytes <= d.max_smem_per_block) return "";
+  return ft::str(which, " ", tile, " needs ", bytes, " B of shared memory; ", d.arch,
+                 " allows at most ", d.max_smem_per_block, " B per block");
+}
+
+}  // namespace
+
+std::string can_implement(const KernelConfig& c, const Problem& p, const DeviceLimits& d) {
+  if (p.dtype == DType::f32) return "";  // the fp32 path has fixed kernels for every problem
+  if (p.dtype != DType::bf16) {
+    return ft::str("dtype ", dtype_name(p.dtype), ": the CUDA flash kernels take bf16 or fp32");
+  }
+  const auto& dims = flash_head_dims();
+  if (std::find(dims.begin(), dims.end(), p.head_dim) == dims.end()) {
+    std::string list;
+    for (int64_t dim : dims) list += (list.empty() ? "" : ", ") + std::to_string(dim);
+    return ft::str("head dim ", p.head_dim, ": the bf16 flash kernels support ", list);
+  }
+  if (d.compute_capability < 80) {
+    return ft::str(d.arch, ": the bf16 flash kernels need sm80 or newer (bf16 mma.sync)");
+  }
+  for (const auto& reason :
+       {threads_reason("forward", c.forward, d.max_threads_per_block),
+        threads_reason("backward", c.backward, d.max_threads_per_block),
+        forward_layout_reason(c.forward), backward_layout_reason(c.backward, p.head_dim),
+        smem_reason("forward tile", c.forward.str(), forward_smem_bytes(c.forward, p.head_dim), d),
+        smem_reason("backward tile", c.backward.str() + "/" + backward_path_name(c.backward_path),
+                    backward_smem_bytes(c.backward, c.backward_path, p.head_dim), d)}) {
+    if (!reason.empty()) return reason;
+  }
+  const CompiledKernels& k = compiled_kernels();
+  const char* how = k.sweep_set ? "it is not among the sweep candidates"
+                                : "configure with -DFLASHTRAIN_SWEEP_KERNELS=ON to compile the "
+                                  "sweep's candidate set";
+  if (!contains(k.forward, c.forward)) {
+    return ft::str("forward tile ", c.forward.str(), " is not compiled into this build (", how,
+                   ")");
+  }
+  if (!contains(k.backward, c.backward)) {
+    return ft::str("backward tile ", c.backward.str(), " is not compiled into this build (", how,
+                   ")");
+  }
+  return "";
+}
+
+// ---- defaults ----
+
+namespace {
+
+struct DefaultRow {
+  const char* family;
+  int64_t max_head_dim;  // the row applies to head dims up to this
+  const char* config;
+};
+
+// Chosen per family; the sm90 rows by the measurements in docs/PERF.md. Families without a
+// measurement here take tiles whose shared memory fits their limit.
+constexpr DefaultRow kDefaults[] = {
+    {"sm80", 256, "fwd=128x64/128 bwd=64x128/256/double"},
+    {"sm86", 256, "fwd=64x64/128 bwd=64x64/128/single"},
+    {"sm90", 256, "fwd=128x64/128 bwd=64x128/256/double"},
+    {"sm100", 256, "fwd=128x64/128 bwd=64x128/256/double"},
+    {"sm120", 256, "fwd=64x64/128 bwd=64x64/128/single"},
+};
+
+}  // namespace
+
+KernelConfig default_config(const DeviceLimits& device, int64_t head_dim) {
+  const std::string family = family_of(device.compute_capability);
+  for (const DefaultRow& row : kDefaults) {
+    if (family == row.family && head_dim <= row.max_head_dim)
+      return KernelConfig::parse(row.config);
+  }
+  return KernelConfig::parse(kDefaults[0].config);
+}
+
+}  // namespace ft::attention

@@ -1,0 +1,147 @@
+// Kernel configurations without a GPU: the text form, the architecture table, can_implement's
+// reasons at each rule's boundary, and the defaults (accepted and compiled on every family).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "attention/kernel_config.h"
+#include "attention_test_util.h"
+
+namespace ft::attention::testing {
+namespace {
+
+Problem bf16_problem(int64_t head_dim) {
+  Problem p;
+  p.batch = 2;
+  p.seq_len = 513;
+  p.q_heads = 8;
+  p.kv_heads = 2;
+  p.head_dim = head_dim;
+  p.dtype = DType::bf16;
+  p.mask.causal = true;
+  return p;
+}
+
+TEST(KernelConfig, TextRoundTrips) {
+  const KernelConfig c = KernelConfig::parse("fwd=128x32/128 bwd=64x128/256/single");
+  EXPECT_EQ(c.forward, (TileConfig{128, 32, 128}));
+  EXPECT_EQ(c.backward, (TileConfig{64, 128, 256}));
+  EXPECT_EQ(c.backward_path, BackwardPath::single);
+  EXPECT_EQ(c.str(), "fwd=128x32/128 bwd=64x128/256/single");
+  EXPECT_EQ(KernelConfig::parse(c.str()), c);
+  // Either part alone keeps the base's other part.
+  const KernelConfig only_bwd = KernelConfig::parse("bwd=128x64/128", c);
+  EXPECT_EQ(only_bwd.forward, c.forward);
+  EXPECT_EQ(only_bwd.backward, (TileConfig{128, 64, 128}));
+  EXPECT_EQ(only_bwd.backward_path, BackwardPath::single);
+}
+
+TEST(KernelConfig, BadTextNamesTheWordAndTheForm) {
+  expect_error([] { KernelConfig::parse("fwd=128x64"); }, {"fwd=128x64", "expected"});
+  expect_error([] { KernelConfig::parse("bwd=64x64/128/triple"); }, {"triple"});
+  expect_error([] { KernelConfig::parse("  "); }, {"empty"});
+  expect_error([] { parse_backward_path("fast"); }, {"fast", "single, double"});
+}
+
+TEST(KernelConfig, ArchitectureTable) {
+  EXPECT_EQ(DeviceLimits::for_arch("sm90").max_smem_per_block, 232448);
+  EXPECT_EQ(DeviceLimits::for_arch("sm86").max_smem_per_block, 101376);
+  EXPECT_EQ(DeviceLimits::for_arch("sm80").compute_capability, 80);
+  expect_error([] { DeviceLimits::for_arch("sm75"); }, {"sm75", "known", "sm90"});
+}
+
+TEST(KernelConfig, SharedMemoryPlans) {
+  // Q + 2 stages of K and V: 2 * D * (BM + 4 BN).
+  EXPECT_EQ(forward_smem_bytes({128, 64, 128}, 128), 2 * 128 * (128 + 256));
+  // K, V + per stage Q, dO, lse, D + dS.
+  EXPECT_EQ(backward_smem_bytes({64, 128, 256}, BackwardPath::double_buffered, 128),
+            4 * 128 * 128 + 2 * (4 * 128 * 64 + 8 * 64) + 2 * 64 * 128);
+  EXPECT_EQ(backward_smem_bytes({64, 128, 256}, BackwardPath::single, 128),
+            4 * 128 * 128 + (4 * 128 * 64 + 8 * 64) + 2 * 64 * 128);
+}
+
+TEST(KernelConfig, CanImplementReasons) {
+  const DeviceLimits sm90 = DeviceLimits::for_arch("sm90");
+  const DeviceLimits sm86 = DeviceLimits::for_arch("sm86");
+  const KernelConfig base = default_config(sm90, 128);
+  Problem p = bf16_problem(128);
+  EXPECT_EQ(can_implement(base, p, sm90), "");
+
+  KernelConfig c = base;
+  c.forward = {64, 64, 96};
+  EXPECT_NE(can_implement(c, p, sm90).find("warps must split"), std::string::npos);
+  c.forward = {64, 64, 100};
+  EXPECT_NE(can_implement(c, p, sm90).find("multiple of 32"), std::string::npos);
+  c.forward = {128, 64, 2048};
+  EXPECT_NE(can_implement(c, p, sm90).find("up to 1024"), std::string::npos);
+  c = base;
+  c.backward = {64, 64, 256};  // 8 warps over 64 keys: 8 keys each
+  EXPECT_NE(can_implement(c, p, sm90).find("key rows into 16 or 32"), std::string::npos);
+
+  // 128x128/256 double at D = 128 needs 231424 B: fits sm90's 232448, not sm86's 101376.
+  c = base;
+  c.backward = {128, 128, 256};
+  c.backward_path = BackwardPath::double_buffered;
+  EXPECT_EQ(backward_smem_bytes(c.backward, c.backward_path, 128), 231424);
+  const std::string on_sm86 = can_implement(c, p, sm86);
+  EXPECT_NE(on_sm86.find("231424 B"), std::string::npos) << on_sm86;
+  EXPECT_NE(on_sm86.find("101376"), std::string::npos) << on_sm86;
+  c.backward = {256, 64, 128};  // 256 query rows double-buffered: 4 * 128 * 256 * 2 B alone
+  EXPECT_NE(can_implement(c, p, sm90).find("shared memory"), std::string::npos);
+
+  // Head dims and dtypes.
+  EXPECT_NE(can_implement(base, bf16_problem(96), sm90).find("head dim 96"), std::string::npos);
+  Problem fp64 = p;
+  fp64.dtype = DType::f64;
+  EXPECT_NE(can_implement(base, fp64, sm90).find("fp64"), std::string::npos);
+  Problem fp32 = bf16_problem(96);
+  fp32.dtype = DType::f32;
+  EXPECT_EQ(can_implement(base, fp32, sm90), "") << "fp32 runs its own kernels for any head dim";
+}
+
+TEST(KernelConfig, NotCompiledSaysHowToCompileIt) {
+  const DeviceLimits sm90 = DeviceLimits::for_arch("sm90");
+  const CompiledKernels& k = compiled_kernels();
+  for (const TileConfig& tile : sweep_forward_tiles()) {
+    KernelConfig c = default_config(sm90, 64);
+    c.forward = tile;
+    const std::string reason = can_implement(c, bf16_problem(64), sm90);
+    const bool compiled = std::find(k.forward.begin(), k.forward.end(), tile) != k.forward.end();
+    if (compiled) {
+      EXPECT_EQ(reason, "") << tile.str();
+    } else {
+      EXPECT_FALSE(k.sweep_set) << "the sweep build compiles every forward candidate";
+      EXPECT_NE(reason.find("FLASHTRAIN_SWEEP_KERNELS=ON"), std::string::npos) << reason;
+    }
+  }
+}
+
+// Every family's default runs every compiled head dim, and is compiled into every build.
+TEST(KernelConfig, DefaultsAreAcceptedEverywhere) {
+  for (const std::string& arch : DeviceLimits::known_archs()) {
+    const DeviceLimits d = DeviceLimits::for_arch(arch);
+    for (int64_t dim : flash_head_dims()) {
+      const KernelConfig c = default_config(d, dim);
+      EXPECT_EQ(can_implement(c, bf16_problem(dim), d), "")
+          << arch << " D " << dim << ": " << c.str();
+    }
+  }
+}
+
+// The sweep's candidates contain every tile the default build compiles (so the sweep can always
+// time the defaults), and compiled tiles all have a valid layout on sm90.
+TEST(KernelConfig, SweepCandidatesCoverTheDefaults) {
+  const auto fwd = sweep_forward_tiles();
+  const auto bwd = sweep_backward_tiles();
+  EXPECT_EQ(bwd.size(), 12u);  // 6 tiles x {128, 256} threads
+  for (const TileConfig& t : compiled_kernels().forward) {
+    EXPECT_NE(std::find(fwd.begin(), fwd.end(), t), fwd.end()) << t.str();
+  }
+  for (const TileConfig& t : compiled_kernels().backward) {
+    EXPECT_NE(std::find(bwd.begin(), bwd.end(), t), bwd.end()) << t.str();
+  }
+}
+
+}  // namespace
+}  // namespace ft::attention::testing
