@@ -78,7 +78,8 @@ void add_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--val-data", c.val_data, "Validation token shard ('' for none)")
       ->capture_default_str();
-  cmd->add_option("--tokenizer", c.tokenizer, "llm.c tokenizer file used to print samples")
+  cmd->add_option("--tokenizer", c.tokenizer,
+                  "llm.c tokenizer file: prints samples; gives --doc-mask its end-of-text id")
       ->capture_default_str();
   cmd->add_option("--batch-size,-b", c.batch_size, "Sequences per micro-batch")
       ->capture_default_str();
@@ -115,6 +116,10 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--global-every", c.attention.global_every,
                   "With --window: every N-th layer attends fully (0: none)")
       ->capture_default_str();
+  cmd->add_flag("--doc-mask", c.doc_mask,
+                "Attend only within each document of a packed row: a document starts at each "
+                "end-of-text token (id from --tokenizer), in every layer, also for val loss and "
+                "samples");
   cmd->add_option("--seed", c.seed, "Seed for initialisation, shuffling and samples")
       ->capture_default_str();
   cmd->add_flag("--shuffle", c.shuffle, "Shuffle batch order per epoch (default: in order)");

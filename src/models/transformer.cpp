@@ -296,7 +296,10 @@ void Transformer::run_forward(const Tensor& tokens, const Tensor& segment_ids) {
              dtype_name(segment_ids.dtype()), " ", shape_str(segment_ids.shape()));
   }
   tokens_ = tokens;
-  segment_ids_ = segment_ids;
+  // Once per forward, not once per layer: every layer's attention (and backward) reads this copy.
+  segment_ids_ = !segment_ids.defined() || segment_ids.device() == device_
+                     ? segment_ids
+                     : segment_ids.to(device_);
   const int64_t L = config_.n_layer, C = config_.n_embd;
   residual_.assign(static_cast<size_t>(L + 1), Tensor());
   cache_.assign(static_cast<size_t>(L), LayerCache());

@@ -59,7 +59,9 @@ class Transformer {
   void init_weights(uint64_t seed);
 
   // tokens, targets: int32 [B, T] on the CPU. Returns the mean loss over B * T positions.
-  // segment_ids (optional, int32 [B, T]) restricts attention to documents.
+  // segment_ids (optional, int32 [B, T], on the CPU or the model's device) restricts attention
+  // to documents in every layer (a window, if set, applies on top in the windowed layers); a
+  // CPU tensor is copied to the model's device once per call.
   double forward(const Tensor& tokens, const Tensor& targets, const Tensor& segment_ids = {});
   // Forward without targets; afterwards logits() holds [B * T, padded_vocab] in compute dtype.
   void forward_logits(const Tensor& tokens, const Tensor& segment_ids = {});

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 #include <ostream>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "models/checkpoint.h"
 #include "nn/adamw.h"
 #include "train/data_loader.h"
+#include "train/documents.h"
 #include "train/schedule.h"
 #include "train/step_log.h"
 #include "train/tokenizer.h"
@@ -56,25 +58,47 @@ void check_config(const TrainConfig& c, const models::ModelConfig& m) {
 std::string fingerprint(const TrainConfig& c, const models::ModelConfig& m, int64_t accum) {
   models::ModelConfig shape = m;
   shape.name = "model";  // a checkpoint header names the file, not the preset
-  return str(shape.describe(), " | dtype ", dtype_name(c.dtype), " | batch ", c.batch_size, "x",
-             c.seq_len, " x", accum, " | attention ", attention::impl_name(c.attention.impl),
-             " | data ", std::filesystem::path(c.train_data).filename().string());
+  std::string s =
+      str(shape.describe(), " | dtype ", dtype_name(c.dtype), " | batch ", c.batch_size, "x",
+          c.seq_len, " x", accum, " | attention ", attention::impl_name(c.attention.impl));
+  // Named only when on, so states written before the flag existed still resume.
+  if (c.doc_mask) s += " | doc mask";
+  return s + str(" | data ", std::filesystem::path(c.train_data).filename().string());
 }
 
-double evaluate(models::Transformer& model, DataLoader& loader, int64_t max_batches) {
+// The end-of-text id that --doc-mask splits documents at: the tokenizer file's (llm.c's shards
+// and samples use the same one). The model must be able to see it in the data.
+int32_t doc_mask_eot_token(const TrainConfig& c, const models::ModelConfig& m) {
+  FT_CHECK(std::filesystem::exists(c.tokenizer),
+           "--doc-mask needs the tokenizer file for its end-of-text id, but '", c.tokenizer,
+           "' does not exist (pass --tokenizer PATH)");
+  const int eot = Tokenizer(c.tokenizer).eot_token();
+  FT_CHECK(eot < m.vocab_size, "--doc-mask: the end-of-text id ", eot, " of tokenizer '",
+           c.tokenizer, "' is outside the model's vocabulary [0, ", m.vocab_size,
+           "), so the data cannot mark documents; use a model with the tokenizer's vocabulary");
+  return static_cast<int32_t>(eot);
+}
+
+// Segment ids for a batch with --doc-mask (eot given), else none.
+Tensor segments_for(const Tensor& tokens, std::optional<int32_t> eot) {
+  return eot ? document_segment_ids(tokens, *eot) : Tensor();
+}
+
+double evaluate(models::Transformer& model, DataLoader& loader, int64_t max_batches,
+                std::optional<int32_t> eot) {
   loader.reset();
   const int64_t n = std::min(max_batches, loader.batches_per_epoch());
   Tensor x, y;
   double sum = 0.0;
   for (int64_t i = 0; i < n; ++i) {
     loader.next_batch(x, y);
-    sum += model.forward(x, y);
+    sum += model.forward(x, y, segments_for(x, eot));
   }
   return sum / static_cast<double>(n);
 }
 
 std::string generate(models::Transformer& model, const Tokenizer& tokenizer, int64_t n_tokens,
-                     uint64_t seed) {
+                     uint64_t seed, std::optional<int32_t> eot) {
   Rng rng(seed);
   std::vector<int32_t> tokens = {tokenizer.eot_token()};
   const int64_t context = model.config().max_seq_len;
@@ -88,7 +112,7 @@ std::string generate(models::Transformer& model, const Tokenizer& tokenizer, int
     Tensor input = Tensor::empty({1, t}, DType::i32);
     for (int64_t j = 0; j < t; ++j)
       input.data<int32_t>()[j] = tokens[static_cast<size_t>(start + j)];
-    model.forward_logits(input);
+    model.forward_logits(input, segments_for(input, eot));
     nn::softmax_row(probs, model.logits(), t - 1, model.config().vocab_size, 1.0);
     double u = rng.uniform(), cdf = 0.0;
     int32_t next = static_cast<int32_t>(probs.size()) - 1;
@@ -127,6 +151,9 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
     val_loader->check_vocab(mc.vocab_size);
   }
 
+  std::optional<int32_t> eot;
+  if (c.doc_mask) eot = doc_mask_eot_token(c, mc);
+
   models::Transformer model(mc, c.dtype, c.attention, c.device);
   if (!c.load_path.empty()) {
     models::load_checkpoint(c.load_path, model);
@@ -145,9 +172,15 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
 
   out << "model:     " << mc.describe() << "\n"
       << "run:       " << device_name(c.device) << ", " << dtype_name(c.dtype) << ", attention "
-      << attention::impl_name(c.attention.impl) << ", batch " << c.batch_size << " x seq "
-      << c.seq_len << " x accumulation " << accum << " = " << tokens_per_step
-      << " tokens per step\n"
+      << attention::impl_name(c.attention.impl);
+  if (c.attention.window > 0) {
+    out << " (window " << c.attention.window;
+    if (c.attention.global_every > 0) out << ", every " << c.attention.global_every << " full";
+    out << ")";
+  }
+  if (eot) out << ", doc mask at end-of-text " << *eot;
+  out << ", batch " << c.batch_size << " x seq " << c.seq_len << " x accumulation " << accum
+      << " = " << tokens_per_step << " tokens per step\n"
       << "data:      " << c.train_data << " (" << train_loader.num_tokens() << " tokens)";
   if (val_loader) out << ", val " << c.val_data << " (" << val_loader->num_tokens() << " tokens)";
   out << "\n";
@@ -163,6 +196,9 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
              {"dtype", dtype_name(c.dtype)},
              {"device", device_name(c.device)},
              {"attention", attention::impl_name(c.attention.impl)},
+             {"window", c.attention.window},
+             {"global_every", c.attention.global_every},
+             {"doc_mask", c.doc_mask},
              {"batch_size", c.batch_size},
              {"seq_len", c.seq_len},
              {"tokens_per_step", tokens_per_step},
@@ -190,7 +226,8 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
     double loss = 0.0;
     for (int64_t micro = 0; micro < accum; ++micro) {
       train_loader.next_batch(x, y);
-      loss += model.forward(x, y);
+      // Segment ids go in on the CPU; the model copies them to its device once per forward.
+      loss += model.forward(x, y, segments_for(x, eot));
       model.backward(1.0 / static_cast<double>(accum));
     }
     loss /= static_cast<double>(accum);
@@ -226,7 +263,7 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
     }
     const bool last = step == c.steps;
     if (val_loader && ((c.eval_every > 0 && step % c.eval_every == 0) || last)) {
-      r.val_loss = evaluate(model, *val_loader, c.val_steps);
+      r.val_loss = evaluate(model, *val_loader, c.val_steps, eot);
       summary.final_val_loss = *r.val_loss;
     }
     if (!c.quiet) {
@@ -241,7 +278,8 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
     if (c.save_every > 0 && step % c.save_every == 0 && !last) save(step);
     if (c.sample_every > 0 && step % c.sample_every == 0 && !last && !c.quiet &&
         std::filesystem::exists(c.tokenizer)) {
-      out << "sample: " << generate(model, Tokenizer(c.tokenizer), c.sample_tokens, c.seed) << "\n";
+      out << "sample: " << generate(model, Tokenizer(c.tokenizer), c.sample_tokens, c.seed, eot)
+          << "\n";
     }
   }
   save(c.steps);
@@ -250,7 +288,7 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
   summary.tokens_per_second =
       summary.mean_step_ms > 0 ? tokens_per_step / (summary.mean_step_ms / 1000.0) : 0.0;
   if (std::filesystem::exists(c.tokenizer) && c.sample_tokens > 0) {
-    summary.sample = generate(model, Tokenizer(c.tokenizer), c.sample_tokens, c.seed);
+    summary.sample = generate(model, Tokenizer(c.tokenizer), c.sample_tokens, c.seed, eot);
   }
   out << "\n== summary ==\n"
       << "steps " << summary.steps_run << " | final train loss " << summary.final_train_loss;

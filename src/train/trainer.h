@@ -35,6 +35,9 @@ struct TrainConfig {
   Device device = Device::cpu;
   bool tf32 = false;  // let fp32 GEMMs on the GPU use TF32 tensor cores
   models::AttentionSettings attention;
+  // Attention stays inside each document of a packed row: segment ids from the tokenizer's
+  // end-of-text token (train/documents.h), for training, evaluation and samples.
+  bool doc_mask = false;
   uint64_t seed = 1337;
   bool shuffle = false;
 

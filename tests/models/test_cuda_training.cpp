@@ -1,5 +1,6 @@
 // Training steps on the GPU against the CPU: the same model, weights and batch must give the
-// same loss and gradients (fp32: 1e-5 relative), and the same losses after AdamW updates.
+// same loss and gradients (fp32: 1e-5 relative), and the same losses after AdamW updates, with
+// and without document segment ids.
 // Skips without CUDA or a GPU.
 #include <gtest/gtest.h>
 
@@ -11,6 +12,8 @@
 #include "models/transformer.h"
 #include "nn/adamw.h"
 #include "test_util.h"
+#include "train/documents.h"
+#include "train/tokenizer.h"
 #include "train/trainer.h"
 
 namespace ft::models {
@@ -107,6 +110,39 @@ TEST_P(CudaTraining, StepsMatchTheCpu) {
 INSTANTIATE_TEST_SUITE_P(Models, CudaTraining,
                          ::testing::Combine(::testing::Values("gpt2-tiny", "llama3-tiny"),
                                             ::testing::Values("fp32", "bf16")));
+
+// train --doc-mask on the GPU: segment ids made on the CPU (as the trainer makes them) reach
+// every layer's attention on the GPU, alone and under a window with a full-attention layer.
+TEST(CudaDocMask, StepMatchesTheCpu) {
+  REQUIRE_GPU();
+  const ModelConfig config = small("llama3-tiny");
+  // llama3-tiny uses GPT-2's vocabulary, so GPT-2's end-of-text id.
+  const int32_t eot = train::Tokenizer(test::source_path("data/gpt2_tokenizer.bin")).eot_token();
+  Rng rng(8);
+  Tensor x = random_tokens(2, 48, config.vocab_size, rng);
+  for (int64_t i : {0, 5, 6, 30, 47, 48 + 20}) x.data<int32_t>()[i] = eot;
+  const Tensor y = random_tokens(2, 48, config.vocab_size, rng);
+  const Tensor segments = train::document_segment_ids(x, eot);
+  for (const AttentionSettings& s : {AttentionSettings{attention::Impl::naive, 0, 0},
+                                     AttentionSettings{attention::Impl::naive, 8, 2}}) {
+    Transformer cpu(config, DType::f32, s, Device::cpu);
+    Transformer gpu(config, DType::f32, s, Device::cuda);
+    cpu.init_weights(21);
+    gpu.init_weights(21);
+    const double l_cpu = cpu.forward(x, y, segments);
+    const double l_gpu = gpu.forward(x, y, segments);
+    EXPECT_NEAR(l_gpu, l_cpu, 1e-5 * l_cpu) << "window " << s.window;
+    EXPECT_GT(std::fabs(l_cpu - cpu.forward(x, y)), 1e-6) << "the mask changes the loss";
+    cpu.forward(x, y, segments);
+    cpu.backward(1.0);
+    gpu.backward(1.0);
+    for (size_t i = 0; i < cpu.parameters().size(); ++i) {
+      const Tensor g_gpu = gpu.parameters()[i].grad.to(Device::cpu);
+      EXPECT_LT(relative_error(g_gpu, cpu.parameters()[i].grad), 1e-5)
+          << "window " << s.window << " " << cpu.parameters()[i].name;
+    }
+  }
+}
 
 TEST(CudaTrainer, TrainsDeterministicallyAndReportsMemory) {
   REQUIRE_GPU();
