@@ -1,0 +1,89 @@
+// `flashtrain compare-loss BASE TEST`: per-step loss alignment of two sets of runs (a baseline
+// and a test, e.g. naive and flash attention), paired by case name. The library does the work
+// (train/run_report.h); this file parses flags and maps the outcome to the exit status.
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "commands.h"
+#include "core/error.h"
+#include "train/run_report.h"
+
+namespace ft::cli {
+namespace {
+
+struct CompareLossFlags {
+  std::string base, test;
+  train::LossThresholds thresholds;
+  bool per_step = false;
+};
+
+void run(const CompareLossFlags& f) {
+  std::vector<train::RunLog> base, test;
+  try {
+    base = train::load_runs(f.base);
+    test = train::load_runs(f.test);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    throw CLI::RuntimeError(train::report_bad_input);
+  }
+  for (const auto* side : {&base, &test}) {
+    for (const train::RunLog& log : *side) {
+      if (!log.ok()) std::fprintf(stderr, "error: %s\n", log.error.c_str());
+    }
+  }
+  const bool two_files =
+      !std::filesystem::is_directory(f.base) && !std::filesystem::is_directory(f.test);
+  const std::vector<train::CasePair> pairs = train::pair_runs(base, test, two_files);
+  const std::vector<train::LossComparison> cases = train::compare_all_losses(pairs, f.thresholds);
+  auto logs = [](size_t n) { return str(n, n == 1 ? " log" : " logs"); };
+  std::cout << "base: " << f.base << " (" << logs(base.size()) << ")\n"
+            << "test: " << f.test << " (" << logs(test.size()) << ")\n\n"
+            << train::render_loss_report(cases, f.thresholds);
+  if (f.per_step) std::cout << train::render_loss_steps(pairs);
+  std::cout.flush();
+  const int code = train::loss_exit_code(cases);
+  if (code != train::report_ok) throw CLI::RuntimeError(code);
+}
+
+}  // namespace
+
+void add_compare_loss_command(CLI::App& app) {
+  auto flags = std::make_shared<CompareLossFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "compare-loss",
+      "Check that two sets of training runs (BASE: the baseline, TEST: e.g. flash attention) "
+      "log the same loss at every step, within a threshold per dtype");
+  cmd->add_option("BASE", flags->base,
+                  "Baseline runs: a directory (every *.jsonl and *.log inside is one case, named "
+                  "by its file name without the extension) or one log file")
+      ->required();
+  cmd->add_option("TEST", flags->test,
+                  "Runs to check against BASE, paired by case name (two single files always "
+                  "pair)")
+      ->required();
+  cmd->add_option("--threshold-fp32", flags->thresholds.fp32,
+                  "Largest absolute loss difference allowed at a step of an fp32 case")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--threshold-bf16", flags->thresholds.bf16,
+                  "Largest absolute loss difference allowed at a step of a bf16 case")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_flag("--per-step", flags->per_step,
+                "Also print every compared step: base loss, test loss, difference");
+  cmd->footer(
+      "Logs: flashtrain's JSON lines (train --log; the dtype comes from its run line) or "
+      "InfiniTrain-style text lines 'step N/M | train loss X | ...' (the dtype comes from the "
+      "file name: '_bfloat16' in it means bf16, else fp32). A case fails when a step's loss "
+      "differs by more than the threshold, a step is missing on either side (up to the declared "
+      "step count), the case is on one side only, or the two sides differ in dtype.\n"
+      "Exit status: 0 every case passed; 1 a case failed; 2 bad input (a path that does not "
+      "exist, a directory without logs, an empty log, a malformed line: the message names the "
+      "file and line).");
+  cmd->callback([flags]() { run(*flags); });
+}
+
+}  // namespace ft::cli

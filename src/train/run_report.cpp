@@ -1,0 +1,427 @@
+#include "train/run_report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace ft::train {
+namespace {
+
+constexpr size_t kStepsShownPerFailure = 3;
+// A declared total this far past the logged steps is a typo, not steps to expect.
+constexpr int64_t kMaxExpectedSteps = 1'000'000;
+
+template <class... Args>
+std::string printf_str(const char* fmt, Args... args) {
+  char buf[128];
+  std::snprintf(buf, sizeof buf, fmt, args...);
+  return buf;
+}
+
+std::string or_dash(const std::optional<double>& v, const char* fmt) {
+  return v ? printf_str(fmt, *v) : std::string("-");
+}
+
+// "3, 7-9": a sorted step list with runs collapsed.
+std::string step_ranges(const std::vector<int64_t>& steps) {
+  std::string out;
+  for (size_t i = 0; i < steps.size();) {
+    size_t j = i;
+    while (j + 1 < steps.size() && steps[j + 1] == steps[j] + 1) ++j;
+    if (!out.empty()) out += ", ";
+    out += std::to_string(steps[i]);
+    if (j > i) out += str('-', steps[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+std::string markdown_cell(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '|') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+std::string csv_cell(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"') out += '"';
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string csv_number(const std::optional<double>& v) {
+  return v ? printf_str("%.10g", *v) : std::string();
+}
+
+// The problems that keep a case from being compared at all: a side missing or unreadable, or
+// the two sides disagreeing on the dtype. Returns the case's dtype ("?" when unknown).
+std::string check_pair(const CasePair& pair, std::vector<std::string>& problems, bool& bad_input) {
+  const RunLog* sides[2] = {pair.base, pair.test};
+  const char* names[2] = {"base", "test"};
+  for (int i = 0; i < 2; ++i) {
+    const RunLog* other = sides[1 - i];
+    if (sides[i] == nullptr) {
+      problems.push_back(str("only in ", names[1 - i], " (", other->path, "); no ", names[i],
+                             " log of this name"));
+    } else if (!sides[i]->ok()) {
+      problems.push_back(str(names[i], " log unreadable: ", sides[i]->error));
+      bad_input = true;
+    }
+  }
+  const std::string base_dtype = pair.base ? pair.base->dtype : "";
+  const std::string test_dtype = pair.test ? pair.test->dtype : "";
+  if (!base_dtype.empty() && !test_dtype.empty() && base_dtype != test_dtype) {
+    problems.push_back(str("dtypes differ: base ", base_dtype, ", test ", test_dtype));
+  }
+  if (!base_dtype.empty()) return base_dtype;
+  return test_dtype.empty() ? "?" : test_dtype;
+}
+
+std::map<int64_t, double> losses_by_step(const RunLog& log) {
+  std::map<int64_t, double> m;
+  for (const LoggedStep& s : log.steps) m[s.step] = s.train_loss;
+  return m;
+}
+
+// Every step either side logged, plus the declared range from the first step logged.
+std::set<int64_t> expected_steps(const RunLog& base, const RunLog& test) {
+  std::set<int64_t> steps;
+  int64_t declared = 0;
+  for (const RunLog* log : {&base, &test}) {
+    for (const LoggedStep& s : log->steps) {
+      steps.insert(s.step);
+      declared = std::max(declared, s.total_steps);
+    }
+  }
+  const int64_t first = *steps.begin();
+  if (declared - first < kMaxExpectedSteps) {
+    for (int64_t s = first; s <= declared; ++s) steps.insert(s);
+  }
+  return steps;
+}
+
+std::optional<double> mean(const std::vector<double>& v) {
+  if (v.empty()) return std::nullopt;
+  double sum = 0.0;
+  for (double x : v) sum += x;
+  return sum / static_cast<double>(v.size());
+}
+
+std::optional<double> maximum(const std::vector<double>& v) {
+  if (v.empty()) return std::nullopt;
+  return *std::max_element(v.begin(), v.end());
+}
+
+std::optional<double> ratio(const std::optional<double>& num, const std::optional<double>& den) {
+  if (!num || !den || *den <= 0.0) return std::nullopt;
+  return *num / *den;
+}
+
+std::optional<double> saved(const std::optional<double>& base, const std::optional<double>& test) {
+  if (!base || !test || *base <= 0.0) return std::nullopt;
+  return (*base - *test) / *base;
+}
+
+}  // namespace
+
+std::vector<CasePair> pair_runs(const std::vector<RunLog>& base, const std::vector<RunLog>& test,
+                                bool two_files) {
+  if (two_files && base.size() == 1 && test.size() == 1) {
+    return {CasePair{base[0].name, &base[0], &test[0]}};
+  }
+  std::map<std::string, CasePair> by_name;
+  for (const RunLog& r : base) {
+    by_name[r.name].name = r.name;
+    by_name[r.name].base = &r;
+  }
+  for (const RunLog& r : test) {
+    by_name[r.name].name = r.name;
+    by_name[r.name].test = &r;
+  }
+  std::vector<CasePair> pairs;
+  for (auto& [name, p] : by_name) pairs.push_back(p);
+  return pairs;
+}
+
+// ---- loss alignment ----
+
+LossComparison compare_losses(const CasePair& pair, const LossThresholds& thresholds) {
+  LossComparison c;
+  c.name = pair.name;
+  c.dtype = check_pair(pair, c.problems, c.bad_input);
+  c.threshold = thresholds.for_dtype(c.dtype);
+  if (!pair.base || !pair.test || !pair.base->ok() || !pair.test->ok()) return c;
+
+  const std::map<int64_t, double> base = losses_by_step(*pair.base);
+  const std::map<int64_t, double> test = losses_by_step(*pair.test);
+  for (int64_t step : expected_steps(*pair.base, *pair.test)) {
+    const auto b = base.find(step);
+    const auto t = test.find(step);
+    if (b == base.end()) c.missing_in_base.push_back(step);
+    if (t == test.end()) c.missing_in_test.push_back(step);
+    if (b == base.end() || t == test.end()) continue;
+    ++c.steps_compared;
+    const bool finite = std::isfinite(b->second) && std::isfinite(t->second);
+    const double diff =
+        finite ? std::fabs(b->second - t->second) : std::numeric_limits<double>::infinity();
+    if (c.max_diff_step == 0 || diff > c.max_abs_diff) {
+      c.max_abs_diff = diff;
+      c.max_diff_step = step;
+    }
+    if (!finite || diff > c.threshold) {
+      ++c.steps_over;
+      if (c.first_over.size() < kStepsShownPerFailure) {
+        c.first_over.push_back({step, b->second, t->second, diff});
+      }
+    }
+  }
+  return c;
+}
+
+std::vector<LossComparison> compare_all_losses(const std::vector<CasePair>& pairs,
+                                               const LossThresholds& thresholds) {
+  std::vector<LossComparison> out;
+  for (const CasePair& p : pairs) out.push_back(compare_losses(p, thresholds));
+  return out;
+}
+
+int loss_exit_code(const std::vector<LossComparison>& cases) {
+  int code = report_ok;
+  for (const LossComparison& c : cases) {
+    if (c.bad_input) return report_bad_input;
+    if (!c.passed()) code = report_case_failed;
+  }
+  return code;
+}
+
+std::string render_loss_report(const std::vector<LossComparison>& cases,
+                               const LossThresholds& thresholds) {
+  std::ostringstream os;
+  os << "| case | dtype | threshold | steps compared | max abs diff | at step | first step over "
+        "| result |\n"
+     << "|---|---|---:|---:|---:|---:|---:|---|\n";
+  for (const LossComparison& c : cases) {
+    const bool compared = c.steps_compared > 0;
+    const std::optional<int64_t> over = c.first_step_over();
+    os << "| " << markdown_cell(c.name) << " | " << c.dtype << " | "
+       << printf_str("%.0e", c.threshold) << " | " << c.steps_compared << " | "
+       << (compared ? printf_str("%.2e", c.max_abs_diff) : std::string("-")) << " | "
+       << (compared ? std::to_string(c.max_diff_step) : std::string("-")) << " | "
+       << (over ? std::to_string(*over) : std::string("-")) << " | "
+       << (c.passed() ? "pass" : "FAIL") << " |\n";
+  }
+
+  std::ostringstream failures;
+  for (const LossComparison& c : cases) {
+    for (const std::string& p : c.problems) failures << "- " << c.name << ": " << p << "\n";
+    if (!c.missing_in_base.empty()) {
+      failures << "- " << c.name << ": steps missing in base: " << step_ranges(c.missing_in_base)
+               << "\n";
+    }
+    if (!c.missing_in_test.empty()) {
+      failures << "- " << c.name << ": steps missing in test: " << step_ranges(c.missing_in_test)
+               << "\n";
+    }
+    if (c.steps_over > 0) {
+      failures << "- " << c.name << ": " << c.steps_over << " of " << c.steps_compared
+               << " steps over " << printf_str("%.0e", c.threshold);
+      for (const StepDifference& d : c.first_over) {
+        failures << "; step " << d.step << ": base " << printf_str("%.6f", d.base_loss)
+                 << " vs test " << printf_str("%.6f", d.test_loss) << " (diff "
+                 << printf_str("%.2e", d.abs_diff) << ")";
+      }
+      failures << (c.steps_over > static_cast<int64_t>(c.first_over.size()) ? "; ...\n" : "\n");
+    }
+    if (c.problems.empty() && c.steps_compared == 0) {
+      failures << "- " << c.name << ": no step logged on both sides\n";
+    }
+  }
+  if (!failures.str().empty()) os << "\nFailures:\n" << failures.str();
+
+  std::map<std::string, std::pair<int, int>> per_dtype;  // dtype -> (passed, total)
+  int passed = 0;
+  for (const LossComparison& c : cases) {
+    per_dtype[c.dtype].second += 1;
+    per_dtype[c.dtype].first += c.passed() ? 1 : 0;
+    passed += c.passed() ? 1 : 0;
+  }
+  os << "\nSummary:\n";
+  for (const char* dtype : {"fp32", "bf16", "?"}) {
+    const auto it = per_dtype.find(dtype);
+    if (it == per_dtype.end()) continue;
+    const std::string label = it->first == "?" ? "dtype unknown" : it->first;
+    os << "  " << label << ": " << it->second.first << "/" << it->second.second << " cases passed";
+    if (it->first != "?")
+      os << " (threshold " << printf_str("%.0e", thresholds.for_dtype(dtype)) << ")";
+    os << "\n";
+  }
+  os << "  total: " << passed << "/" << cases.size() << " cases passed\n";
+  return os.str();
+}
+
+std::string render_loss_steps(const std::vector<CasePair>& pairs) {
+  std::ostringstream os;
+  for (const CasePair& p : pairs) {
+    if (!p.base || !p.test || !p.base->ok() || !p.test->ok()) continue;
+    const std::map<int64_t, double> test = losses_by_step(*p.test);
+    os << "\n"
+       << p.name << ":\n| step | base loss | test loss | abs diff |\n|---:|---:|---:|---:|\n";
+    for (const LoggedStep& s : p.base->steps) {
+      const auto t = test.find(s.step);
+      if (t == test.end()) continue;
+      os << "| " << s.step << " | " << printf_str("%.6f", s.train_loss) << " | "
+         << printf_str("%.6f", t->second) << " | "
+         << printf_str("%.2e", std::fabs(s.train_loss - t->second)) << " |\n";
+    }
+  }
+  return os.str();
+}
+
+// ---- performance ----
+
+PerfStats perf_stats(const RunLog& log, bool include_first) {
+  PerfStats p;
+  std::vector<double> ms, tps, used, reserved;
+  for (size_t i = include_first ? 0 : 1; i < log.steps.size(); ++i) {
+    const LoggedStep& s = log.steps[i];
+    if (p.steps == 0) p.first_step = s.step;
+    p.last_step = s.step;
+    ++p.steps;
+    if (s.ms) ms.push_back(*s.ms);
+    if (s.tokens_per_second) tps.push_back(*s.tokens_per_second);
+    if (s.peak_used_mb) used.push_back(*s.peak_used_mb);
+    if (s.peak_reserved_mb) reserved.push_back(*s.peak_reserved_mb);
+  }
+  p.ms = mean(ms);
+  p.tokens_per_second = mean(tps);
+  p.peak_used_mb = maximum(used);
+  p.peak_reserved_mb = maximum(reserved);
+  return p;
+}
+
+std::optional<double> PerfRow::speedup() const {
+  return ratio(base.ms, test.ms);
+}
+
+std::optional<double> PerfRow::tokens_per_second_gain() const {
+  const std::optional<double> r = ratio(test.tokens_per_second, base.tokens_per_second);
+  if (!r) return std::nullopt;
+  return *r - 1.0;
+}
+
+std::optional<double> PerfRow::peak_used_saved() const {
+  return saved(base.peak_used_mb, test.peak_used_mb);
+}
+
+std::optional<double> PerfRow::peak_reserved_saved() const {
+  return saved(base.peak_reserved_mb, test.peak_reserved_mb);
+}
+
+std::vector<PerfRow> summarize_runs(const std::vector<CasePair>& pairs, bool include_first) {
+  std::vector<PerfRow> rows;
+  for (const CasePair& pair : pairs) {
+    PerfRow row;
+    row.name = pair.name;
+    row.dtype = check_pair(pair, row.problems, row.bad_input);
+    if (row.problems.empty()) {
+      row.base = perf_stats(*pair.base, include_first);
+      row.test = perf_stats(*pair.test, include_first);
+      const std::pair<const char*, const PerfStats*> sides[] = {{"base", &row.base},
+                                                                {"test", &row.test}};
+      for (const auto& [side, stats] : sides) {
+        if (stats->steps > 0) continue;
+        row.problems.push_back(
+            str(side, " has no step to average",
+                include_first ? "" : " once step 1 is left out (--include-step1)"));
+      }
+    }
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+int perf_exit_code(const std::vector<PerfRow>& rows) {
+  int code = report_ok;
+  for (const PerfRow& r : rows) {
+    if (r.bad_input) return report_bad_input;
+    if (!r.summarized()) code = report_case_failed;
+  }
+  return code;
+}
+
+std::string render_perf_markdown(const std::vector<PerfRow>& rows, const PerfLabels& labels,
+                                 bool include_first) {
+  const std::string& b = labels.base;
+  const std::string& t = labels.test;
+  std::ostringstream os;
+  os << "Averages over each run's steps"
+     << (include_first ? " including step 1" : " after step 1 (step 1 carries the warm-up)")
+     << "; peaks are maxima over the same steps. speedup = " << b << " ms / " << t
+     << " ms; tok/s gain = " << t << " / " << b << " - 1; saved = (" << b << " - " << t << ") / "
+     << b << ".\n\n";
+  os << "| case | dtype | steps | avg ms (" << b << ") | avg ms (" << t << ") | speedup | tok/s ("
+     << b << ") | tok/s (" << t << ") | tok/s gain | peak used MB (" << b << ") | peak used MB ("
+     << t << ") | used saved | peak reserved MB (" << b << ") | peak reserved MB (" << t
+     << ") | reserved saved |\n"
+     << "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  std::ostringstream skipped;
+  for (const PerfRow& r : rows) {
+    if (!r.summarized()) {
+      for (const std::string& p : r.problems) skipped << "- " << r.name << ": " << p << "\n";
+      continue;
+    }
+    const std::string steps = r.base.steps == r.test.steps ? std::to_string(r.base.steps)
+                                                           : str(r.base.steps, " / ", r.test.steps);
+    auto percent = [](const std::optional<double>& v) {
+      return v ? printf_str("%+.1f%%", 100.0 * *v) : std::string("-");
+    };
+    os << "| " << markdown_cell(r.name) << " | " << r.dtype << " | " << steps << " | "
+       << or_dash(r.base.ms, "%.2f") << " | " << or_dash(r.test.ms, "%.2f") << " | "
+       << or_dash(r.speedup(), "%.2fx") << " | " << or_dash(r.base.tokens_per_second, "%.0f")
+       << " | " << or_dash(r.test.tokens_per_second, "%.0f") << " | "
+       << percent(r.tokens_per_second_gain()) << " | " << or_dash(r.base.peak_used_mb, "%.0f")
+       << " | " << or_dash(r.test.peak_used_mb, "%.0f") << " | " << percent(r.peak_used_saved())
+       << " | " << or_dash(r.base.peak_reserved_mb, "%.0f") << " | "
+       << or_dash(r.test.peak_reserved_mb, "%.0f") << " | " << percent(r.peak_reserved_saved())
+       << " |\n";
+  }
+  if (!skipped.str().empty()) os << "\nNot summarized:\n" << skipped.str();
+  return os.str();
+}
+
+std::string render_perf_csv(const std::vector<PerfRow>& rows) {
+  std::ostringstream os;
+  os << "case,dtype,steps_base,steps_test,ms_base,ms_test,speedup,tok_per_s_base,tok_per_s_test,"
+        "tok_per_s_gain,peak_used_mb_base,peak_used_mb_test,peak_used_saved,"
+        "peak_reserved_mb_base,peak_reserved_mb_test,peak_reserved_saved,problem\n";
+  for (const PerfRow& r : rows) {
+    std::string problem;
+    for (const std::string& p : r.problems) problem += (problem.empty() ? "" : "; ") + p;
+    const bool ok = r.summarized();
+    auto num = [&](const std::optional<double>& v) { return ok ? csv_number(v) : std::string(); };
+    os << csv_cell(r.name) << "," << r.dtype << ","
+       << (ok ? std::to_string(r.base.steps) : std::string()) << ","
+       << (ok ? std::to_string(r.test.steps) : std::string()) << "," << num(r.base.ms) << ","
+       << num(r.test.ms) << "," << num(r.speedup()) << "," << num(r.base.tokens_per_second) << ","
+       << num(r.test.tokens_per_second) << "," << num(r.tokens_per_second_gain()) << ","
+       << num(r.base.peak_used_mb) << "," << num(r.test.peak_used_mb) << ","
+       << num(r.peak_used_saved()) << "," << num(r.base.peak_reserved_mb) << ","
+       << num(r.test.peak_reserved_mb) << "," << num(r.peak_reserved_saved()) << ","
+       << csv_cell(problem) << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace ft::train
