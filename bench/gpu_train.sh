@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# GPU training throughput, flashtrain beside the PyTorch eager peer in the same call
-# (issue 4's table): GPT-2 124M batch 8 x 1024 in bf16 and fp32, and the llama3-1b shape
-# batch 4 x 2048 in bf16, naive attention. Runs on the GPU machine over build-gpu/carry.
+# GPU training throughput, flashtrain beside the PyTorch eager peer in the same call:
+# GPT-2 124M batch 8 x 1024 in bf16 and fp32, and the llama3-1b shape batch 4 x 2048 in bf16,
+# with naive attention on both sides, then flash attention against PyTorch's SDPA.
+# RUNS selects rows (default: all). Runs on the GPU machine over build-gpu/carry.
 # Output: one line per run, flashtrain's summary and the peer's JSON; logs under $OUT.
 set -uo pipefail
 out="${OUT:-gpu-out}"
@@ -11,16 +12,24 @@ cli=build-gpu/carry/flashtrain
 steps="${STEPS:-20}"
 run() {  # name, flashtrain flags, peer flags
   local name=$1 ours=$2 peer=$3
-  $cli train --device cuda --attention naive --val-data '' --sample-tokens 0 --steps "$steps" \
+  case " ${RUNS:-$name} " in *" $name "*) ;; *) return ;; esac
+  $cli train --device cuda --val-data '' --sample-tokens 0 --steps "$steps" \
     --warmup 5 --lr 1e-4 $ours >"$out/ft_$name.log" 2>&1
   echo "flashtrain $name: $(grep '^steps ' "$out/ft_$name.log" || tail -2 "$out/ft_$name.log")"
   grep '^step ' "$out/ft_$name.log" | tail -1
   python3 bench/torch_peer.py --steps "$steps" $peer 2>"$out/torch_$name.err" | tee "$out/torch_$name.json"
 }
 python3 bench/gpu_ceilings.py | tee "$out/ceilings.json"
-run gpt2_bf16 "--model gpt2 --batch-size 8 --seq-len 1024 --dtype bf16" \
+run gpt2_bf16 "--model gpt2 --batch-size 8 --seq-len 1024 --dtype bf16 --attention naive" \
   "--model gpt2 --batch-size 8 --seq-len 1024 --dtype bf16 --attention naive"
-run gpt2_fp32 "--model gpt2 --batch-size 8 --seq-len 1024 --dtype fp32" \
+run gpt2_fp32 "--model gpt2 --batch-size 8 --seq-len 1024 --dtype fp32 --attention naive" \
   "--model gpt2 --batch-size 8 --seq-len 1024 --dtype fp32 --attention naive"
-run llama1b_bf16 "--model llama3-1b --batch-size 4 --seq-len 2048 --dtype bf16" \
+run llama1b_bf16 "--model llama3-1b --batch-size 4 --seq-len 2048 --dtype bf16 --attention naive" \
   "--model llama3-1b --batch-size 4 --seq-len 2048 --dtype bf16 --attention naive"
+run gpt2_bf16_flash "--model gpt2 --batch-size 8 --seq-len 1024 --dtype bf16 --attention flash" \
+  "--model gpt2 --batch-size 8 --seq-len 1024 --dtype bf16 --attention sdpa"
+run gpt2_fp32_flash "--model gpt2 --batch-size 8 --seq-len 1024 --dtype fp32 --attention flash" \
+  "--model gpt2 --batch-size 8 --seq-len 1024 --dtype fp32 --attention sdpa"
+run llama1b_bf16_flash \
+  "--model llama3-1b --batch-size 4 --seq-len 2048 --dtype bf16 --attention flash" \
+  "--model llama3-1b --batch-size 4 --seq-len 2048 --dtype bf16 --attention sdpa"

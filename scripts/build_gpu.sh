@@ -10,7 +10,7 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHTRAIN_CUDA=ON
   -DFLASHTRAIN_STATIC_BLAS=ON -DFLASHTRAIN_SWEEP_KERNELS="${SWEEP_KERNELS:-OFF}" -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90a}" >/dev/null
 ninja -C build-gpu
 mkdir -p build-gpu/carry
-for b in flashtrain test_core test_nn test_attention test_models test_train test_apps \
+for b in flashtrain test_core test_nn test_attention test_models test_train test_apps test_sweep \
   bench_attention_gpu; do
   strip -o "build-gpu/carry/$b" "build-gpu/$b"
 done

@@ -13,7 +13,7 @@ nvcc --version | tail -1 | tee -a "$out/gpu.txt"
 [ -d build-gpu/carry ] || tar -C build-gpu -xJf build-gpu/carry.tar.xz || exit 1
 ln -sfn carry/flashtrain build-gpu/flashtrain  # the CLI tests run the path compiled into them
 status=0
-for t in ${GPU_TESTS:-test_core test_nn test_attention test_models test_train test_apps}; do
+for t in ${GPU_TESTS:-test_core test_nn test_attention test_models test_train test_apps test_sweep}; do
   start=$(date +%s)
   build-gpu/carry/$t --gtest_color=no ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} \
     >"$out/$t.log" 2>&1

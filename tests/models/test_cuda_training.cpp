@@ -38,10 +38,12 @@ bool gpu_ready(std::string& why) {
     if (!gpu_ready(why_)) GTEST_SKIP() << why_; \
   } while (0)
 
-ModelConfig small(const std::string& name) {
+// Head dim 16 (width 64 / 4 heads); head_dim 32 where the bf16 flash kernels need it (they are
+// compiled for 32, 64 and 128; other head dims are refused with that reason).
+ModelConfig small(const std::string& name, int64_t head_dim = 16) {
   ModelOverrides o;
   o.layers = 2;
-  o.width = 64;
+  o.width = 4 * head_dim;
   o.heads = 4;
   o.context = 64;
   if (name == "llama3-tiny") o.kv_heads = 2;
@@ -65,15 +67,20 @@ void adamw_step(Transformer& m, int64_t step) {
   }
 }
 
-class CudaTraining : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+// {model, dtype, GPU attention}: the GPU model (naive or flash attention) against the CPU model
+// with naive attention.
+class CudaTraining
+    : public ::testing::TestWithParam<std::tuple<std::string, std::string, std::string>> {};
 
 TEST_P(CudaTraining, StepsMatchTheCpu) {
   REQUIRE_GPU();
-  const auto& [name, dtype_name_] = GetParam();
+  const auto& [name, dtype_name_, impl_name_] = GetParam();
   const DType dtype = parse_dtype(dtype_name_);
-  const ModelConfig config = small(name);
+  const attention::Impl impl = attention::parse_impl(impl_name_);
+  const ModelConfig config =
+      small(name, impl == attention::Impl::flash && dtype == DType::bf16 ? 32 : 16);
   Transformer cpu(config, dtype, {attention::Impl::naive, 0, 0}, Device::cpu);
-  Transformer gpu(config, dtype, {attention::Impl::naive, 0, 0}, Device::cuda);
+  Transformer gpu(config, dtype, {impl, 0, 0}, Device::cuda);
   cpu.init_weights(21);
   gpu.init_weights(21);
   Rng rng(4);
@@ -109,7 +116,8 @@ TEST_P(CudaTraining, StepsMatchTheCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaTraining,
                          ::testing::Combine(::testing::Values("gpt2-tiny", "llama3-tiny"),
-                                            ::testing::Values("fp32", "bf16")));
+                                            ::testing::Values("fp32", "bf16"),
+                                            ::testing::Values("naive", "flash")));
 
 // train --doc-mask on the GPU: segment ids made on the CPU (as the trainer makes them) reach
 // every layer's attention on the GPU, alone and under a window with a full-attention layer.
@@ -124,14 +132,18 @@ TEST(CudaDocMask, StepMatchesTheCpu) {
   const Tensor y = random_tokens(2, 48, config.vocab_size, rng);
   const Tensor segments = train::document_segment_ids(x, eot);
   for (const AttentionSettings& s : {AttentionSettings{attention::Impl::naive, 0, 0},
-                                     AttentionSettings{attention::Impl::naive, 8, 2}}) {
-    Transformer cpu(config, DType::f32, s, Device::cpu);
+                                     AttentionSettings{attention::Impl::naive, 8, 2},
+                                     AttentionSettings{attention::Impl::flash, 0, 0},
+                                     AttentionSettings{attention::Impl::flash, 8, 2}}) {
+    Transformer cpu(config, DType::f32, {attention::Impl::naive, s.window, s.global_every},
+                    Device::cpu);
     Transformer gpu(config, DType::f32, s, Device::cuda);
     cpu.init_weights(21);
     gpu.init_weights(21);
     const double l_cpu = cpu.forward(x, y, segments);
     const double l_gpu = gpu.forward(x, y, segments);
-    EXPECT_NEAR(l_gpu, l_cpu, 1e-5 * l_cpu) << "window " << s.window;
+    EXPECT_NEAR(l_gpu, l_cpu, 1e-5 * l_cpu)
+        << attention::impl_name(s.impl) << " window " << s.window;
     EXPECT_GT(std::fabs(l_cpu - cpu.forward(x, y)), 1e-6) << "the mask changes the loss";
     cpu.forward(x, y, segments);
     cpu.backward(1.0);
@@ -139,7 +151,8 @@ TEST(CudaDocMask, StepMatchesTheCpu) {
     for (size_t i = 0; i < cpu.parameters().size(); ++i) {
       const Tensor g_gpu = gpu.parameters()[i].grad.to(Device::cpu);
       EXPECT_LT(relative_error(g_gpu, cpu.parameters()[i].grad), 1e-5)
-          << "window " << s.window << " " << cpu.parameters()[i].name;
+          << attention::impl_name(s.impl) << " window " << s.window << " "
+          << cpu.parameters()[i].name;
     }
   }
 }
