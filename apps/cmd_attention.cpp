@@ -133,10 +133,9 @@ void run_attention(const AttentionOptions& opt) {
   }
   if (impl == attention::Impl::flash && device == Device::cuda && dtype == DType::bf16) {
     const auto& limits = attention::DeviceLimits::current();
-    std::printf(
-        "kernels %s (%s)\n",
-        (config_arg ? config : attention::default_config(limits, problem.head_dim)).str().c_str(),
-        config_arg ? "--config" : ("default for " + limits.arch).c_str());
+    std::printf("kernels %s (%s)\n",
+                (config_arg ? config : attention::default_config(limits, problem)).str().c_str(),
+                config_arg ? "--config" : ("default for " + limits.arch).c_str());
   }
 
   // The inputs stay on the CPU for --check; segment ids are accepted on either device.

@@ -338,7 +338,7 @@ void run_impl(const CaseSpec& c, const Problem& p, Impl impl, const std::vector<
   std::string config_text;
   if (impl == Impl::flash) {
     try {
-      const KernelConfig base = default_config(ctx.limits, p.head_dim);
+      const KernelConfig base = default_config(ctx.limits, p);
       flash_config = ctx.opt.config.empty() ? base : KernelConfig::parse(ctx.opt.config, base);
       config_text = flash_config.str();
       config = &flash_config;

@@ -98,7 +98,7 @@ void check_backward_inputs(Impl impl, const Problem& p, const Tensor& q, const F
 // by can_implement() so that nothing it refuses is launched.
 KernelConfig checked_config(const Problem& p, const KernelConfig* config) {
   const DeviceLimits& device = DeviceLimits::current();
-  const KernelConfig c = config != nullptr ? *config : default_config(device, p.head_dim);
+  const KernelConfig c = config != nullptr ? *config : default_config(device, p);
   const std::string reason = can_implement(c, p, device);
   FT_CHECK(reason.empty(), "attention: the flash kernels (", c.str(), ") cannot run ", p.describe(),
            " on ", device.arch, ": ", reason);

@@ -79,15 +79,15 @@ constexpr ArchRow kArchs[] = {
     {"sm90", 90, 232448}, {"sm100", 100, 232448}, {"sm120", 120, 101376},
 };
 
-std::string family_of(int cc) {
+}  // namespace
+
+std::string arch_family(int cc) {
   if (cc >= 120) return "sm120";
   if (cc >= 100) return "sm100";
   if (cc >= 90) return "sm90";
   if (cc >= 86) return "sm86";
   return "sm80";
 }
-
-}  // namespace
 
 std::vector<std::string> DeviceLimits::known_archs() {
   std::vector<std::string> out;
@@ -276,33 +276,55 @@ std::string can_implement(const KernelConfig& c, const Problem& p, const DeviceL
 
 // ---- defaults ----
 
+const char* mask_class_name(MaskClass mask_class) {
+  return mask_class == MaskClass::dense ? "dense" : "local";
+}
+
+MaskClass mask_class_of(const Mask& mask) {
+  return mask.window > 0 || mask.has_segments ? MaskClass::local : MaskClass::dense;
+}
+
 namespace {
 
 struct DefaultRow {
   const char* family;
   int64_t max_head_dim;  // the row applies to head dims up to this
+  MaskClass mask_class;
   const char* config;
 };
 
-// Chosen per family; the sm90 rows by the measurements in docs/PERF.md. Families without a
-// measurement here take tiles whose shared memory fits their limit.
+// The sm90 rows are the fastest correct configurations of `flashtrain sweep --all-paths` on an
+// H200 at B=32 S=4096 Hq=16 Hkv=4 D=128 bf16 (docs/SWEEP.md): causal 38.5 ms (the next best
+// 38.9 ms), window 512 + 5 documents 13.1 ms (the causal winner there: 15.0 ms). sm100 takes
+// sm90's rows unmeasured, sm80 the same tiles (they fit its shared memory); sm86/89 and sm120
+// (99 KB per block) the small tiles with the single-stage backward.
 constexpr DefaultRow kDefaults[] = {
-    {"sm80", 256, "fwd=128x64/128 bwd=64x128/256/double"},
-    {"sm86", 256, "fwd=64x64/128 bwd=64x64/128/single"},
-    {"sm90", 256, "fwd=128x64/128 bwd=64x128/256/double"},
-    {"sm100", 256, "fwd=128x64/128 bwd=64x128/256/double"},
-    {"sm120", 256, "fwd=64x64/128 bwd=64x64/128/single"},
+    {"sm80", 256, MaskClass::dense, "fwd=128x64/128 bwd=64x128/256/double"},
+    {"sm80", 256, MaskClass::local, "fwd=64x64/128 bwd=64x64/128/double"},
+    {"sm86", 256, MaskClass::dense, "fwd=64x64/128 bwd=64x64/128/single"},
+    {"sm86", 256, MaskClass::local, "fwd=64x64/128 bwd=64x64/128/single"},
+    {"sm90", 256, MaskClass::dense, "fwd=128x64/128 bwd=64x128/256/double"},
+    {"sm90", 256, MaskClass::local, "fwd=64x64/128 bwd=64x64/128/double"},
+    {"sm100", 256, MaskClass::dense, "fwd=128x64/128 bwd=64x128/256/double"},
+    {"sm100", 256, MaskClass::local, "fwd=64x64/128 bwd=64x64/128/double"},
+    {"sm120", 256, MaskClass::dense, "fwd=64x64/128 bwd=64x64/128/single"},
+    {"sm120", 256, MaskClass::local, "fwd=64x64/128 bwd=64x64/128/single"},
 };
 
 }  // namespace
 
-KernelConfig default_config(const DeviceLimits& device, int64_t head_dim) {
-  const std::string family = family_of(device.compute_capability);
+KernelConfig default_config(const DeviceLimits& device, int64_t head_dim, MaskClass mask_class) {
+  const std::string family = arch_family(device.compute_capability);
   for (const DefaultRow& row : kDefaults) {
-    if (family == row.family && head_dim <= row.max_head_dim)
+    if (family == row.family && head_dim <= row.max_head_dim && mask_class == row.mask_class) {
       return KernelConfig::parse(row.config);
+    }
   }
   return KernelConfig::parse(kDefaults[0].config);
+}
+
+KernelConfig default_config(const DeviceLimits& device, const Problem& problem) {
+  return default_config(device, problem.head_dim, mask_class_of(problem.mask));
 }
 
 }  // namespace ft::attention

@@ -84,9 +84,20 @@ const std::vector<int64_t>& flash_head_dims();
 std::string can_implement(const KernelConfig& config, const Problem& problem,
                           const DeviceLimits& device);
 
+// Masks that hide or cut most tiles (a sliding window or segment ids) favour smaller tiles than
+// dense ones (none, causal): the default table has a row for each.
+enum class MaskClass { dense, local };
+const char* mask_class_name(MaskClass mask_class);  // "dense" | "local"
+MaskClass mask_class_of(const Mask& mask);
+
+// The default table's family of a compute capability: sm80, sm86 (also sm89), sm90, sm100, sm120.
+std::string arch_family(int compute_capability);
+
 // The configuration the flash kernels use when none is asked for (the per-architecture table in
-// kernel_config.cpp, with the measurements behind it in docs/PERF.md).
-KernelConfig default_config(const DeviceLimits& device, int64_t head_dim);
+// kernel_config.cpp, chosen for sm90 by `flashtrain sweep`; docs/SWEEP.md has the tables).
+KernelConfig default_config(const DeviceLimits& device, int64_t head_dim,
+                            MaskClass mask_class = MaskClass::dense);
+KernelConfig default_config(const DeviceLimits& device, const Problem& problem);
 
 // The compiled kernels: forward tiles, and backward tiles per path. The default build compiles
 // the defaults; -DFLASHTRAIN_SWEEP_KERNELS=ON compiles the sweep's whole candidate set.

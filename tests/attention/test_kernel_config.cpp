@@ -129,6 +129,31 @@ TEST(KernelConfig, DefaultsAreAcceptedEverywhere) {
   }
 }
 
+// sm90's rows are the sweep's winners: the dense (causal) and local (window / segments) masks
+// differ; every family has both rows.
+TEST(KernelConfig, DefaultsDependOnTheMaskClass) {
+  const DeviceLimits sm90 = DeviceLimits::for_arch("sm90");
+  Problem p = bf16_problem(128);
+  EXPECT_EQ(mask_class_of(p.mask), MaskClass::dense);
+  EXPECT_EQ(default_config(sm90, p).str(), "fwd=128x64/128 bwd=64x128/256/double");
+  p.mask.window = 512;
+  EXPECT_EQ(mask_class_of(p.mask), MaskClass::local);
+  EXPECT_EQ(default_config(sm90, p).str(), "fwd=64x64/128 bwd=64x64/128/double");
+  p.mask.window = 0;
+  p.mask.has_segments = true;
+  EXPECT_EQ(default_config(sm90, p), default_config(sm90, 128, MaskClass::local));
+  EXPECT_EQ(arch_family(89), "sm86");
+  EXPECT_EQ(arch_family(90), "sm90");
+  EXPECT_EQ(arch_family(121), "sm120");
+  for (const std::string& arch : DeviceLimits::known_archs()) {
+    const DeviceLimits d = DeviceLimits::for_arch(arch);
+    for (MaskClass m : {MaskClass::dense, MaskClass::local}) {
+      EXPECT_EQ(can_implement(default_config(d, 64, m), bf16_problem(64), d), "")
+          << arch << " " << mask_class_name(m);
+    }
+  }
+}
+
 // The sweep's candidates contain every tile the default build compiles (so the sweep can always
 // time the defaults), and compiled tiles all have a valid layout on sm90.
 TEST(KernelConfig, SweepCandidatesCoverTheDefaults) {
