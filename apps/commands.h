@@ -11,5 +11,6 @@ void add_attention_command(CLI::App& app);
 void add_debug_step_command(CLI::App& app);
 void add_compare_loss_command(CLI::App& app);
 void add_summarize_command(CLI::App& app);
+void add_sweep_command(CLI::App& app);
 
 }  // namespace ft::cli

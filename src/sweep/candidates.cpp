@@ -1,0 +1,98 @@
+#include "sweep/candidates.h"
+
+#include <algorithm>
+
+namespace ft::sweep {
+
+using attention::BackwardPath;
+using attention::KernelConfig;
+using attention::TileConfig;
+
+const char* axis_name(SweepAxis axis) {
+  switch (axis) {
+    case SweepAxis::forward:
+      return "forward";
+    case SweepAxis::backward:
+      return "backward";
+    case SweepAxis::both:
+      return "both";
+  }
+  return "?";
+}
+
+SweepAxis parse_axis(const std::string& text) {
+  if (text == "forward") return SweepAxis::forward;
+  if (text == "backward") return SweepAxis::backward;
+  if (text == "both") return SweepAxis::both;
+  throw Error(str("--sweep '", text, "': allowed: forward, backward, both"));
+}
+
+KernelConfig reference_config(const KernelConfig& base) {
+  KernelConfig ref;
+  ref.forward = {64, 64, 128};
+  ref.backward = {64, 64, 128};
+  ref.backward_path = base.backward_path;
+  return ref;
+}
+
+Candidate reference_candidate(const KernelConfig& base, const attention::Problem& problem,
+                              const attention::DeviceLimits& device) {
+  Candidate c;
+  c.config = reference_config(base);
+  c.role = c.config == base ? "ref=base" : "ref";
+  c.refused = attention::can_implement(c.config, problem, device);
+  return c;
+}
+
+std::vector<Candidate> make_candidates(SweepAxis axis, const std::vector<BackwardPath>& paths,
+                                       const KernelConfig& base, const attention::Problem& problem,
+                                       const attention::DeviceLimits& device) {
+  FT_CHECK(!paths.empty(), "make_candidates: no backward path given");
+  const KernelConfig ref = reference_config(base);
+  std::vector<Candidate> out;
+  auto add = [&](const KernelConfig& config, const char* role) {
+    if (config == ref) return;
+    for (const Candidate& seen : out) {
+      if (seen.config == config) return;
+    }
+    Candidate c;
+    c.index = static_cast<int>(out.size());
+    c.role = role;
+    c.config = config;
+    c.refused = attention::can_implement(config, problem, device);
+    out.push_back(c);
+  };
+  add(base, "base");
+  for (BackwardPath path : paths) {
+    KernelConfig fixed = base;
+    fixed.backward_path = path;
+    if (axis != SweepAxis::backward) {
+      for (const TileConfig& tile : attention::sweep_forward_tiles()) {
+        KernelConfig c = fixed;
+        c.forward = tile;
+        add(c, c == base ? "base" : "forward");
+      }
+    }
+    if (axis != SweepAxis::forward) {
+      for (const TileConfig& tile : attention::sweep_backward_tiles()) {
+        KernelConfig c = fixed;
+        c.backward = tile;
+        add(c, c == base ? "base" : "backward");
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<Candidate> select_shard(const std::vector<Candidate>& candidates, int shard,
+                                    int num_shards) {
+  FT_CHECK(num_shards >= 1, "--num-shards ", num_shards, ": must be at least 1");
+  FT_CHECK(shard >= 0 && shard < num_shards, "--shard ", shard, ": must be in [0, ", num_shards,
+           ") for --num-shards ", num_shards);
+  std::vector<Candidate> out;
+  std::copy_if(candidates.begin(), candidates.end(), std::back_inserter(out),
+               [&](const Candidate& c) { return c.index % num_shards == shard; });
+  return out;
+}
+
+}  // namespace ft::sweep
