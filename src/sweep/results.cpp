@@ -246,12 +246,14 @@ json header_to_json(const SweepHeader& h) {
   }
   json masks = json::array();
   for (const MaskFacts& m : h.masks) {
-    masks.push_back({{"key", m.key},
-                     {"description", m.description},
-                     {"attended_pairs", m.attended_pairs},
-                     {"check_window", m.check_window},
-                     {"fwd_flop", m.fwd_flop},
-                     {"bwd_flop", m.bwd_flop}});
+    masks.push_back(
+        {{"key", m.key},
+         {"description", m.description},
+         {"attended_pairs", m.attended_pairs},
+         {"check_window", m.check_window},
+         {"fwd_flop", m.fwd_flop},
+         {"bwd_flop", m.bwd_flop},
+         {"default_config", m.default_config ? m.default_config->str() : h.base.str()}});
   }
   const SweepShape& s = h.shape;
   return {{"gpus", gpus},

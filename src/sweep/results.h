@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,9 @@ struct MaskFacts {
   int64_t attended_pairs = 0;  // of the timed problem, summed over batch and query heads
   int64_t check_window = 0;    // the check problem's window (0: none)
   double fwd_flop = 0, bwd_flop = 0;
+  // The device's default for this mask (default_config() depends on the mask class); the
+  // header's base config when unset.
+  std::optional<attention::KernelConfig> default_config;
 };
 
 struct SweepHeader {

@@ -359,7 +359,14 @@ int run_sweep(const SweepOptions& opt, const std::string& self, std::ostream& ou
   SweepPlan plan = plan_sweep(opt, sweep_gpus(opt));
   if (opt.dry_run) return dry_run(opt, plan, out);
   SweepHeader& h = plan.header;
-  for (const SweepMask& m : plan.masks) h.masks.push_back(mask_facts(opt.shape, m));
+  DeviceLimits limits;
+  limits.arch = h.gpus.front().arch;
+  limits.compute_capability = h.gpus.front().compute_capability;
+  limits.max_smem_per_block = h.gpus.front().smem_per_block;
+  for (const SweepMask& m : plan.masks) {
+    h.masks.push_back(mask_facts(opt.shape, m));
+    h.masks.back().default_config = attention::default_config(limits, timed_problem(opt.shape, m));
+  }
   out << format_header(h) << std::flush;
   WorkDir dir;
   Runner runner(opt, self, err);

@@ -141,21 +141,23 @@ std::string summary(const SweepHeader& h, const std::vector<SweepRow>& all, cons
   }
   os << "fastest correct: " << row_name(*best) << ": " << fixed(best->total_ms(), 3) << " ms, "
      << fixed(best->vs_ref(), 2) << "x the reference\n";
+  // The default of this mask (the table has a row per mask class).
+  const attention::KernelConfig mask_default = mask.default_config.value_or(h.base);
   const SweepRow* base = nullptr;
   for (const SweepRow* r : rows) {
-    if (r->config == h.base && (base == nullptr || r->index >= 0)) base = r;
+    if (r->config == mask_default && (base == nullptr || r->index >= 0)) base = r;
   }
   if (base == nullptr) {
-    os << "default " << h.base.str() << ": not in this shard\n";
+    os << "default " << mask_default.str() << ": not in this shard\n";
   } else if (!base->passed() || !base->timed) {
-    os << "default " << h.base.str() << ": " << base->verdict() << "\n";
+    os << "default " << mask_default.str() << ": " << base->verdict() << "\n";
   } else if (base == best || base->config == best->config) {
-    os << "default " << h.base.str() << ": the fastest correct configuration\n";
+    os << "default " << mask_default.str() << ": the fastest correct configuration\n";
   } else {
     const double gain = base->total_ms() / best->total_ms() - 1.0;
     const double noise = std::max(base->timing.spread(), best->timing.spread());
-    os << "default " << h.base.str() << ": " << fixed(base->total_ms(), 3) << " ms; the fastest is "
-       << percent(gain) << " faster"
+    os << "default " << mask_default.str() << ": " << fixed(base->total_ms(), 3)
+       << " ms; the fastest is " << percent(gain) << " faster"
        << (gain <= noise ? str(", within the spread (", percent(noise), "): not a difference")
                          : str(" (spread ", percent(noise), ")"))
        << "\n";
@@ -266,7 +268,8 @@ std::string emit_defaults(const SweepHeader& h, const std::vector<SweepRow>& row
       continue;
     }
     os << fixed(best->total_ms(), 3) << " ms, " << fixed(best->vs_ref(), 2) << "x the reference"
-       << (best->config == h.base ? "; the default already" : "") << "\n";
+       << (best->config == mask.default_config.value_or(h.base) ? "; the default already" : "")
+       << "\n";
     // The sweep's pure causal mask is dense; its window / segments mask is local.
     const char* mask_class = mask.key == "causal" ? "dense" : "local";
     os << "{\"" << family << "\", 256, MaskClass::" << mask_class << ", \"" << best->config.str()
