@@ -21,26 +21,21 @@ struct CompareLossFlags {
 };
 
 void run(const CompareLossFlags& f) {
-  std::vector<train::RunLog> base, test;
+  train::RunSides sides;
   try {
-    base = train::load_runs(f.base);
-    test = train::load_runs(f.test);
+    sides = train::load_run_sides(f.base, f.test);
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     throw CLI::RuntimeError(train::report_bad_input);
   }
-  for (const auto* side : {&base, &test}) {
-    for (const train::RunLog& log : *side) {
-      if (!log.ok()) std::fprintf(stderr, "error: %s\n", log.error.c_str());
-    }
+  for (const std::string& error : sides.log_errors()) {
+    std::fprintf(stderr, "error: %s\n", error.c_str());
   }
-  const bool two_files =
-      !std::filesystem::is_directory(f.base) && !std::filesystem::is_directory(f.test);
-  const std::vector<train::CasePair> pairs = train::pair_runs(base, test, two_files);
+  const std::vector<train::CasePair> pairs = sides.pairs();
   const std::vector<train::LossComparison> cases = train::compare_all_losses(pairs, f.thresholds);
   auto logs = [](size_t n) { return str(n, n == 1 ? " log" : " logs"); };
-  std::cout << "base: " << f.base << " (" << logs(base.size()) << ")\n"
-            << "test: " << f.test << " (" << logs(test.size()) << ")\n\n"
+  std::cout << "base: " << f.base << " (" << logs(sides.base.size()) << ")\n"
+            << "test: " << f.test << " (" << logs(sides.test.size()) << ")\n\n"
             << train::render_loss_report(cases, f.thresholds);
   if (f.per_step) std::cout << train::render_loss_steps(pairs);
   std::cout.flush();

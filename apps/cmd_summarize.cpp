@@ -23,23 +23,17 @@ struct SummarizeFlags {
 };
 
 void run(const SummarizeFlags& f) {
-  std::vector<train::RunLog> base, test;
+  train::RunSides sides;
   try {
-    base = train::load_runs(f.base);
-    test = train::load_runs(f.test);
+    sides = train::load_run_sides(f.base, f.test);
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     throw CLI::RuntimeError(train::report_bad_input);
   }
-  for (const auto* side : {&base, &test}) {
-    for (const train::RunLog& log : *side) {
-      if (!log.ok()) std::fprintf(stderr, "error: %s\n", log.error.c_str());
-    }
+  for (const std::string& error : sides.log_errors()) {
+    std::fprintf(stderr, "error: %s\n", error.c_str());
   }
-  const bool two_files =
-      !std::filesystem::is_directory(f.base) && !std::filesystem::is_directory(f.test);
-  const std::vector<train::PerfRow> rows =
-      train::summarize_runs(train::pair_runs(base, test, two_files), f.include_step1);
+  const std::vector<train::PerfRow> rows = train::summarize_runs(sides.pairs(), f.include_step1);
   if (!f.csv_path.empty()) {
     std::ofstream out(f.csv_path, std::ios::trunc);
     if (!out.is_open()) {

@@ -37,9 +37,11 @@
 #include "attention/kernel_config.h"
 #include "core/device.h"
 #include "core/rng.h"
+#include "sweep/shapes.h"
 
 #ifdef FLASHTRAIN_WITH_CUDA
 #include "core/cuda/check.h"
+#include "core/cuda/event_timer.h"
 #include "core/cuda/runtime.h"
 #endif
 
@@ -77,21 +79,6 @@ const std::vector<CaseSpec>& preset_cases() {
       {"gpt2", 8, 1024, 12, 12, 64, 0, 0},
   };
   return cases;
-}
-
-// The Python peer builds the same ids: the document of position i in row b is the number of
-// boundaries k * S / docs + (b % 64), k = 1 .. docs-1, at or before i.
-Tensor document_ids(int64_t batch, int64_t seq_len, int64_t docs) {
-  Tensor ids = Tensor::empty({batch, seq_len}, DType::i32);
-  int32_t* p = ids.data<int32_t>();
-  for (int64_t b = 0; b < batch; ++b) {
-    for (int64_t i = 0; i < seq_len; ++i) {
-      int32_t id = 0;
-      for (int64_t k = 1; k < docs; ++k) id += i >= k * seq_len / docs + b % 64 ? 1 : 0;
-      p[b * seq_len + i] = id;
-    }
-  }
-  return ids;
 }
 
 // N(0, 1) inputs drawn on the CPU, one thread per group of batch rows: the hero inputs are over
@@ -168,47 +155,12 @@ std::vector<CaseSpec> chosen_cases(const Options& opt) {
   return out;
 }
 
-// Event pairs around each timed call.
-class EventTimer {
- public:
-  explicit EventTimer(int calls) : start_(calls), stop_(calls) {
-    for (int i = 0; i < calls; ++i) {
-      FT_CUDA_CHECK(cudaEventCreate(&start_[i]));
-      FT_CUDA_CHECK(cudaEventCreate(&stop_[i]));
-    }
-  }
-  ~EventTimer() {
-    for (size_t i = 0; i < start_.size(); ++i) {
-      cudaEventDestroy(start_[i]);
-      cudaEventDestroy(stop_[i]);
-    }
-  }
-  EventTimer(const EventTimer&) = delete;
-  EventTimer& operator=(const EventTimer&) = delete;
-
-  void start(int i) { FT_CUDA_CHECK(cudaEventRecord(start_[i], cuda::current_stream())); }
-  void stop(int i) { FT_CUDA_CHECK(cudaEventRecord(stop_[i], cuda::current_stream())); }
-  std::vector<double> elapsed_ms() const {
-    FT_CUDA_CHECK(cudaEventSynchronize(stop_.back()));
-    std::vector<double> ms;
-    for (size_t i = 0; i < start_.size(); ++i) {
-      float t = 0;
-      FT_CUDA_CHECK(cudaEventElapsedTime(&t, start_[i], stop_[i]));
-      ms.push_back(t);
-    }
-    return ms;
-  }
-
- private:
-  std::vector<cudaEvent_t> start_, stop_;
-};
-
 // Keeps the GPU busy while the host queues the timed calls (see the comment on top).
 class QueueAhead {
  public:
   QueueAhead() : scratch_(Tensor::empty({kBytes / 4}, DType::f32, Device::cuda)) {
     scratch_.zero();
-    EventTimer timer(1);
+    cuda::EventTimer timer(1);
     timer.start(0);
     for (int i = 0; i < 4; ++i) scratch_.zero();
     timer.stop(0);
@@ -243,7 +195,7 @@ Stats time_calls(const std::function<void(int)>& call, const Options& opt, Queue
     if (opt.warmup > 1) host_ms = (host_now_ms() - t0) / (opt.warmup - 1);
     cuda::synchronize();
   }
-  EventTimer timer(opt.iters);
+  cuda::EventTimer timer(opt.iters);
   queue.enqueue(1.25 * host_ms * opt.iters + 0.2);
   for (int i = 0; i < opt.iters; ++i) {
     timer.start(i);
@@ -421,7 +373,8 @@ void run_case(const CaseSpec& c, Context& ctx) {
   p.dtype = parse_dtype(ctx.opt.dtype);
   p.mask = mask;
   p.validate();
-  const Tensor seg_cpu = mask.has_segments ? document_ids(c.batch, c.seq_len, c.docs) : Tensor();
+  const Tensor seg_cpu =
+      mask.has_segments ? sweep::document_ids(c.batch, c.seq_len, c.docs) : Tensor();
   const Tensor seg_gpu = seg_cpu.defined() ? seg_cpu.to(Device::cuda) : Tensor();
   const int64_t pairs = p.attended_pairs(seg_cpu);
   const int count = input_set_count(p, ctx);

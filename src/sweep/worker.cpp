@@ -14,6 +14,7 @@
 
 #ifdef FLASHTRAIN_WITH_CUDA
 #include "core/cuda/check.h"
+#include "core/cuda/event_timer.h"
 #include "core/cuda/gemm.h"
 #include "core/cuda/runtime.h"
 #include "sweep/device_ops.h"
@@ -175,40 +176,6 @@ std::vector<InputSet> make_input_sets(const Problem& p, int count, uint64_t seed
   return sets;
 }
 
-class EventTimer {
- public:
-  explicit EventTimer(int calls) : start_(calls), stop_(calls) {
-    for (int i = 0; i < calls; ++i) {
-      FT_CUDA_CHECK(cudaEventCreate(&start_[i]));
-      FT_CUDA_CHECK(cudaEventCreate(&stop_[i]));
-    }
-  }
-  ~EventTimer() {
-    for (size_t i = 0; i < start_.size(); ++i) {
-      cudaEventDestroy(start_[i]);
-      cudaEventDestroy(stop_[i]);
-    }
-  }
-  EventTimer(const EventTimer&) = delete;
-  EventTimer& operator=(const EventTimer&) = delete;
-
-  void start(int i) { FT_CUDA_CHECK(cudaEventRecord(start_[i], cuda::current_stream())); }
-  void stop(int i) { FT_CUDA_CHECK(cudaEventRecord(stop_[i], cuda::current_stream())); }
-  std::vector<double> elapsed_ms() const {
-    FT_CUDA_CHECK(cudaEventSynchronize(stop_.back()));
-    std::vector<double> ms;
-    for (size_t i = 0; i < start_.size(); ++i) {
-      float t = 0;
-      FT_CUDA_CHECK(cudaEventElapsedTime(&t, start_[i], stop_[i]));
-      ms.push_back(t);
-    }
-    return ms;
-  }
-
- private:
-  std::vector<cudaEvent_t> start_, stop_;
-};
-
 double host_ms_now() {
   return std::chrono::duration<double, std::milli>(
              std::chrono::steady_clock::now().time_since_epoch())
@@ -228,7 +195,7 @@ std::vector<double> time_calls(const std::function<void(int)>& call, int warmup,
     if (warmup > 1) host_ms = (host_ms_now() - t0) / (warmup - 1);
     cuda::synchronize();
   }
-  EventTimer timer(iters);
+  cuda::EventTimer timer(iters);
   gpu::busy_wait(std::min(1.25 * host_ms * iters + 0.2, 500.0));
   for (int i = 0; i < iters; ++i) {
     timer.start(i);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <set>
@@ -422,6 +423,25 @@ std::string render_perf_csv(const std::vector<PerfRow>& rows) {
        << csv_cell(problem) << "\n";
   }
   return os.str();
+}
+
+RunSides load_run_sides(const std::string& base_path, const std::string& test_path) {
+  RunSides sides;
+  sides.base = load_runs(base_path);
+  sides.test = load_runs(test_path);
+  sides.two_files =
+      !std::filesystem::is_directory(base_path) && !std::filesystem::is_directory(test_path);
+  return sides;
+}
+
+std::vector<std::string> RunSides::log_errors() const {
+  std::vector<std::string> out;
+  for (const auto* side : {&base, &test}) {
+    for (const RunLog& log : *side) {
+      if (!log.ok()) out.push_back(log.error);
+    }
+  }
+  return out;
 }
 
 }  // namespace ft::train

@@ -33,6 +33,17 @@ struct CasePair {
 std::vector<CasePair> pair_runs(const std::vector<RunLog>& base, const std::vector<RunLog>& test,
                                 bool two_files = false);
 
+// Both sides of a comparison as the tools load them: BASE and TEST paths (run directories or
+// single logs). A path that cannot be read throws ft::Error (the tools exit report_bad_input);
+// a log that cannot be parsed is kept with its error. two_files: both paths are single logs.
+struct RunSides {
+  std::vector<RunLog> base, test;
+  bool two_files = false;
+  std::vector<std::string> log_errors() const;  // the errors of the logs that did not parse
+  std::vector<CasePair> pairs() const { return pair_runs(base, test, two_files); }
+};
+RunSides load_run_sides(const std::string& base_path, const std::string& test_path);
+
 // ---- loss alignment ----
 
 struct LossThresholds {
