@@ -7,6 +7,7 @@
 
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "attention/kernel_config.h"
 #include "attention_test_util.h"
@@ -90,6 +91,40 @@ struct Case {
 
 inline void PrintTo(const Case& c, std::ostream* os) {
   *os << c.name;
+}
+
+// The grid of the GPU accuracy tests (naive and flash): every S in {1, 7, 64, 100, 513, 1000},
+// Hq/Hkv in {1, 2, 4, 8}, head dims 32..256 (96 and 256 too: the bf16 flash kernels refuse them,
+// which the flash test checks) and each mask alone and combined.
+// {name, {B, S, Hq, Hkv, D}, causal, window, segments, scattered, segments_on_gpu}
+inline const std::vector<Case>& gpu_accuracy_cases() {
+  static const std::vector<Case> cases = {
+      {"s1_h1_d32_none", {1, 1, 1, 1, 32}},
+      {"s1_h8g8_d64_causal_segments", {2, 1, 8, 1, 64}, true, 0, true, false, true},
+      {"s7_h2g2_d64_causal", {2, 7, 2, 1, 64}, true},
+      {"s7_h8g2_d32_window3_segments", {2, 7, 8, 4, 32}, false, 3, true},
+      {"s7_h4g4_d128_window2", {3, 7, 4, 1, 128}, false, 2},
+      {"s7_h4g4_d256_window2", {3, 7, 4, 1, 256}, false, 2},
+      {"s64_h4g2_d128_window16", {1, 64, 4, 2, 128}, false, 16},
+      {"s64_h8g1_d32_segments", {2, 64, 8, 8, 32}, false, 0, true, false, true},
+      {"s64_h1_d256_causal_window1", {1, 64, 1, 1, 256}, true, 1},
+      {"s64_h2g1_d64_scattered_segments", {2, 64, 2, 2, 64}, false, 0, true, true},
+      {"s64_h8g8_d128_causal_window8_scattered", {2, 64, 8, 1, 128}, true, 8, true, true, true},
+      {"s100_h4g2_d96_causal", {1, 100, 4, 2, 96}, true},
+      {"s513_h4g4_d64_causal_window100", {1, 513, 4, 1, 64}, true, 100},
+      {"s513_h2g1_d128_causal_segments", {1, 513, 2, 2, 128}, true, 0, true, false, true},
+      {"s513_h2g1_d256_causal_segments", {1, 513, 2, 2, 256}, true, 0, true, false, true},
+      {"s513_h8g8_d128_window64", {1, 513, 8, 1, 128}, false, 64},
+      {"s513_h4g1_d32_causal_scattered", {2, 513, 4, 4, 32}, true, 0, true, true},
+      {"s513_h8g2_d64_none", {2, 513, 8, 4, 64}},
+      {"s1000_h4g2_d64_causal_window_segments", {2, 1000, 4, 2, 64}, true, 200, true, false, true},
+      {"s1000_h1_d256_none", {1, 1000, 1, 1, 256}},
+      {"s1000_h2g2_d32_causal", {1, 1000, 2, 1, 32}, true},
+      {"s1000_h8g4_d128_segments", {1, 1000, 8, 2, 128}, false, 0, true},
+      {"s1000_h8g8_d32_window300_segments", {1, 1000, 8, 1, 32}, false, 300, true, true, true},
+      {"s1000_h8g8_d64_window300_scattered", {1, 1000, 8, 1, 64}, false, 300, true, true, true},
+  };
+  return cases;
 }
 
 }  // namespace ft::attention::testing

@@ -92,31 +92,6 @@ Errors errors_of(const std::string& what, const Inputs& in, const GpuResult& r,
           error_vs(r.grads.dk, ref_grads.dk), error_vs(r.grads.dv, ref_grads.dv)};
 }
 
-// {name, {B, S, Hq, Hkv, D}, causal, window, segments, scattered, segments_on_gpu}
-const Case kCases[] = {
-    {"s1_h1_d32_none", {1, 1, 1, 1, 32}},
-    {"s1_h8g8_d64_causal_segments", {2, 1, 8, 1, 64}, true, 0, true, false, true},
-    {"s7_h2g2_d64_causal", {2, 7, 2, 1, 64}, true},
-    {"s7_h8g2_d32_window3_segments", {2, 7, 8, 4, 32}, false, 3, true},
-    {"s7_h4g4_d128_window2", {3, 7, 4, 1, 128}, false, 2},
-    {"s64_h4g2_d128_window16", {1, 64, 4, 2, 128}, false, 16},
-    {"s64_h8g1_d32_segments", {2, 64, 8, 8, 32}, false, 0, true, false, true},
-    {"s64_h1_d256_causal_window1", {1, 64, 1, 1, 256}, true, 1},
-    {"s64_h2g1_d64_scattered_segments", {2, 64, 2, 2, 64}, false, 0, true, true},
-    {"s64_h8g8_d128_causal_window8_scattered", {2, 64, 8, 1, 128}, true, 8, true, true, true},
-    {"s100_h4g2_d96_causal", {1, 100, 4, 2, 96}, true},
-    {"s513_h4g4_d64_causal_window100", {1, 513, 4, 1, 64}, true, 100},
-    {"s513_h2g1_d128_causal_segments", {1, 513, 2, 2, 128}, true, 0, true, false, true},
-    {"s513_h8g8_d128_window64", {1, 513, 8, 1, 128}, false, 64},
-    {"s513_h4g1_d32_causal_scattered", {2, 513, 4, 4, 32}, true, 0, true, true},
-    {"s513_h8g2_d64_none", {2, 513, 8, 4, 64}},
-    {"s1000_h4g2_d64_causal_window_segments", {2, 1000, 4, 2, 64}, true, 200, true, false, true},
-    {"s1000_h1_d256_none", {1, 1000, 1, 1, 256}},
-    {"s1000_h2g2_d32_causal", {1, 1000, 2, 1, 32}, true},
-    {"s1000_h8g4_d128_segments", {1, 1000, 8, 2, 128}, false, 0, true},
-    {"s1000_h8g8_d64_window300_scattered", {1, 1000, 8, 1, 64}, false, 300, true, true, true},
-};
-
 class CudaFlashAccuracy : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
@@ -188,7 +163,7 @@ TEST_P(CudaFlashAccuracy, Bf16WithinTwiceNaiveForEveryConfig) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Grid, CudaFlashAccuracy, ::testing::ValuesIn(kCases),
+INSTANTIATE_TEST_SUITE_P(Grid, CudaFlashAccuracy, ::testing::ValuesIn(gpu_accuracy_cases()),
                          [](const ::testing::TestParamInfo<Case>& param_info) {
                            return std::string(param_info.param.name);
                          });

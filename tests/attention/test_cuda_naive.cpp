@@ -1,9 +1,9 @@
 // CUDA naive attention against the fp64 CPU reference: o, lse, dq, dk, dv and the saved
-// probabilities P, on fresh random inputs over a grid that covers every S in {1, 7, 64, 513,
-// 1000}, Hq/Hkv in {1, 2, 4, 8}, D in {32, 64, 128, 256} and each mask alone and combined
-// (segments with padding, packed and interleaved). fp32 (TF32 off): relative error <= 1e-5.
-// bf16: at most 2x the CPU naive bf16 error on the same inputs (+ a small floor). Never NaN or
-// Inf; padding rows exactly zero, their lse -inf. The device memory pool is filled with NaN
+// probabilities P, on fresh random inputs over the grid of gpu_accuracy_cases() (every S in {1,
+// 7, 64, 100, 513, 1000}, Hq/Hkv in {1, 2, 4, 8}, D in {32, 64, 96, 128, 256}, each mask alone and
+// combined, segments with padding, packed and interleaved). fp32 (TF32 off): relative error <=
+// 1e-5. bf16: at most 2x the CPU naive bf16 error on the same inputs (+ a small floor). Never NaN
+// or Inf; padding rows exactly zero, their lse -inf. The device memory pool is filled with NaN
 // before every run, so an element the GPU path forgets to write (in any output or scratch
 // buffer) turns into NaN and fails. Skips itself without a CUDA build or a GPU.
 #include <gtest/gtest.h>
@@ -114,30 +114,6 @@ Errors errors_of(const char* what, const Inputs& in, const ForwardOutput& fwd, c
           error_vs(g.dv, ref_grads.dv), probs};
 }
 
-// {name, {B, S, Hq, Hkv, D}, causal, window, segments, scattered, segments_on_gpu}
-const Case kCases[] = {
-    {"s1_h1_d32_none", {1, 1, 1, 1, 32}},
-    {"s1_h8g8_d64_causal_segments", {2, 1, 8, 1, 64}, true, 0, true, false, true},
-    {"s7_h2g2_d64_causal", {2, 7, 2, 1, 64}, true},
-    {"s7_h8g2_d32_window3_segments", {2, 7, 8, 4, 32}, false, 3, true},
-    {"s7_h4g4_d256_window2", {3, 7, 4, 1, 256}, false, 2},
-    {"s64_h4g2_d128_window16", {1, 64, 4, 2, 128}, false, 16},
-    {"s64_h8g1_d32_segments", {2, 64, 8, 8, 32}, false, 0, true, false, true},
-    {"s64_h1_d256_causal_window1", {1, 64, 1, 1, 256}, true, 1},
-    {"s64_h2g1_d64_scattered_segments", {2, 64, 2, 2, 64}, false, 0, true, true},
-    {"s64_h8g8_d128_causal_window8_scattered", {2, 64, 8, 1, 128}, true, 8, true, true, true},
-    {"s513_h4g4_d64_causal_window100", {1, 513, 4, 1, 64}, true, 100},
-    {"s513_h2g1_d256_causal_segments", {1, 513, 2, 2, 256}, true, 0, true, false, true},
-    {"s513_h8g8_d128_window64", {1, 513, 8, 1, 128}, false, 64},
-    {"s513_h4g1_d32_causal_scattered", {2, 513, 4, 4, 32}, true, 0, true, true},
-    {"s513_h8g2_d64_none", {2, 513, 8, 4, 64}},
-    {"s1000_h4g2_d64_causal_window_segments", {2, 1000, 4, 2, 64}, true, 200, true, false, true},
-    {"s1000_h1_d256_none", {1, 1000, 1, 1, 256}},
-    {"s1000_h2g2_d32_causal", {1, 1000, 2, 1, 32}, true},
-    {"s1000_h8g4_d128_segments", {1, 1000, 8, 2, 128}, false, 0, true},
-    {"s1000_h8g8_d32_window300_segments", {1, 1000, 8, 1, 32}, false, 300, true, true, true},
-};
-
 class CudaNaiveAccuracy : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
@@ -202,7 +178,7 @@ TEST_P(CudaNaiveAccuracy, Bf16WithinTwiceCpuNaive) {
   EXPECT_LE(gpu.probs, 1e-5) << "saved P";
 }
 
-INSTANTIATE_TEST_SUITE_P(Grid, CudaNaiveAccuracy, ::testing::ValuesIn(kCases),
+INSTANTIATE_TEST_SUITE_P(Grid, CudaNaiveAccuracy, ::testing::ValuesIn(gpu_accuracy_cases()),
                          [](const ::testing::TestParamInfo<Case>& param_info) {
                            return std::string(param_info.param.name);
                          });
