@@ -1,14 +1,13 @@
 // `flashtrain compare-loss BASE TEST`: per-step loss alignment of two sets of runs (a baseline
 // and a test, e.g. naive and flash attention), paired by case name. The library does the work
 // (train/run_report.h); this file parses flags and maps the outcome to the exit status.
-#include <cstdio>
-#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <string>
 
 #include "commands.h"
 #include "core/error.h"
+#include "report_args.h"
 #include "train/run_report.h"
 
 namespace ft::cli {
@@ -21,16 +20,7 @@ struct CompareLossFlags {
 };
 
 void run(const CompareLossFlags& f) {
-  train::RunSides sides;
-  try {
-    sides = train::load_run_sides(f.base, f.test);
-  } catch (const Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    throw CLI::RuntimeError(train::report_bad_input);
-  }
-  for (const std::string& error : sides.log_errors()) {
-    std::fprintf(stderr, "error: %s\n", error.c_str());
-  }
+  const train::RunSides sides = load_sides_or_exit(f.base, f.test);
   const std::vector<train::CasePair> pairs = sides.pairs();
   const std::vector<train::LossComparison> cases = train::compare_all_losses(pairs, f.thresholds);
   auto logs = [](size_t n) { return str(n, n == 1 ? " log" : " logs"); };
@@ -51,10 +41,7 @@ void add_compare_loss_command(CLI::App& app) {
       "compare-loss",
       "Check that two sets of training runs (BASE: the baseline, TEST: e.g. flash attention) "
       "log the same loss at every step, within a threshold per dtype");
-  cmd->add_option("BASE", flags->base,
-                  "Baseline runs: a directory (every *.jsonl and *.log inside is one case, named "
-                  "by its file name without the extension) or one log file")
-      ->required();
+  cmd->add_option("BASE", flags->base, kBaseRunsHelp)->required();
   cmd->add_option("TEST", flags->test,
                   "Runs to check against BASE, paired by case name (two single files always "
                   "pair)")

@@ -3,7 +3,6 @@
 // speedup and memory saved, as Markdown or CSV. The library does the work
 // (train/run_report.h); this file parses flags and maps the outcome to the exit status.
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -11,6 +10,7 @@
 
 #include "commands.h"
 #include "core/error.h"
+#include "report_args.h"
 #include "train/run_report.h"
 
 namespace ft::cli {
@@ -23,16 +23,7 @@ struct SummarizeFlags {
 };
 
 void run(const SummarizeFlags& f) {
-  train::RunSides sides;
-  try {
-    sides = train::load_run_sides(f.base, f.test);
-  } catch (const Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    throw CLI::RuntimeError(train::report_bad_input);
-  }
-  for (const std::string& error : sides.log_errors()) {
-    std::fprintf(stderr, "error: %s\n", error.c_str());
-  }
+  const train::RunSides sides = load_sides_or_exit(f.base, f.test);
   const std::vector<train::PerfRow> rows = train::summarize_runs(sides.pairs(), f.include_step1);
   if (!f.csv_path.empty()) {
     std::ofstream out(f.csv_path, std::ios::trunc);
@@ -57,10 +48,7 @@ void add_summarize_command(CLI::App& app) {
       "summarize",
       "Performance table of two sets of training runs (BASE: the baseline, TEST: e.g. flash "
       "attention): avg ms, tok/s, peak used and reserved MB, speedup, memory saved");
-  cmd->add_option("BASE", flags->base,
-                  "Baseline runs: a directory (every *.jsonl and *.log inside is one case, named "
-                  "by its file name without the extension) or one log file")
-      ->required();
+  cmd->add_option("BASE", flags->base, kBaseRunsHelp)->required();
   cmd->add_option("TEST", flags->test,
                   "Runs to set beside BASE, paired by case name (two single files always pair)")
       ->required();

@@ -35,10 +35,10 @@ struct CommandResult {
   std::string output;  // stdout and stderr together
 };
 
-// Runs `flashtrain <args>` from the source directory (so data/ paths resolve).
-inline CommandResult run_cli(const std::string& args) {
-  const std::string cmd = std::string("cd '") + FLASHTRAIN_SOURCE_DIR + "' && '" + FLASHTRAIN_CLI +
-                          "' " + args + " 2>&1";
+// Runs a shell command from the source directory (so data/ paths resolve); stdout and stderr
+// together.
+inline CommandResult run_shell(const std::string& command) {
+  const std::string cmd = std::string("cd '") + FLASHTRAIN_SOURCE_DIR + "' && " + command + " 2>&1";
   CommandResult r;
   std::FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) return r;
@@ -48,6 +48,11 @@ inline CommandResult run_cli(const std::string& args) {
   const int status = pclose(pipe);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+// Runs `flashtrain <args>` from the source directory.
+inline CommandResult run_cli(const std::string& args) {
+  return run_shell(std::string("'") + FLASHTRAIN_CLI + "' " + args);
 }
 
 inline std::string source_path(const std::string& rel) {

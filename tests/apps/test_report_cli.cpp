@@ -34,20 +34,6 @@ std::string read_file(const fs::path& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-// Runs a shell command from the source directory; stdout and stderr together.
-test::CommandResult run_shell(const std::string& command) {
-  const std::string cmd = std::string("cd '") + FLASHTRAIN_SOURCE_DIR + "' && " + command + " 2>&1";
-  test::CommandResult r;
-  std::FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.output.append(buf, n);
-  const int status = pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
 // ---- compare-loss ----
 
 TEST(CompareLossCli, AlignedRunsPass) {
@@ -227,8 +213,8 @@ TEST(RunMatrix, CpuSmokeConfigRunsComparesAndSummarizes) {
   if (!have_python()) GTEST_SKIP() << "python3 not found";
   test::TempDir dir;
   const fs::path logdir = dir.path() / "smoke";
-  const test::CommandResult r =
-      run_shell("OMP_NUM_THREADS=2 " + matrix_command("configs/cpu_smoke.json", logdir.string()));
+  const test::CommandResult r = test::run_shell(
+      "OMP_NUM_THREADS=2 " + matrix_command("configs/cpu_smoke.json", logdir.string()));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const char* cases[] = {"gpt2-tiny_fp32", "gpt2-tiny_bf16", "llama3-tiny_fp32",
                          "llama3-tiny_bf16"};
@@ -275,7 +261,7 @@ TEST(RunMatrix, GoesOnPastAFailedCaseAndSaysSo) {
     "compare": [{"base": "baseline", "test": "flash"}]
   })";
   const std::string logdir = dir.file("runs");
-  const test::CommandResult r = run_shell(matrix_command(dir.file("config.json"), logdir));
+  const test::CommandResult r = test::run_shell(matrix_command(dir.file("config.json"), logdir));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "FAILED: baseline/broken")) << r.output;
   EXPECT_TRUE(contains(r.output, "continuing with the next case")) << r.output;
@@ -295,7 +281,7 @@ TEST(RunMatrix, BadConfigExits2WithWhereAndWhat) {
     "groups": {"baseline": {"attention": "naive"}}
   })";
   const test::CommandResult r =
-      run_shell(matrix_command(dir.file("config.json"), dir.file("runs")));
+      test::run_shell(matrix_command(dir.file("config.json"), dir.file("runs")));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_TRUE(contains(r.output, "groups.baseline, case 1: dtype 'fp16': expected fp32 or bf16"))
       << r.output;
@@ -313,12 +299,12 @@ TEST(PlotRuns, DrawsLossAndPerfPngsOrSaysMatplotlibIsMissing) {
   const std::string args = "scripts/plot_runs.py " + fixture("ours_base") + " " +
                            fixture("ours_flash") + " --out '" + dir.file("plots") + "'";
   const test::CommandResult none =
-      run_shell("PYTHONPATH='" + dir.file("no_mpl") + "' python3 " + args);
+      test::run_shell("PYTHONPATH='" + dir.file("no_mpl") + "' python3 " + args);
   EXPECT_EQ(none.exit_code, 3) << none.output;
   EXPECT_TRUE(contains(none.output, "needs matplotlib")) << none.output;
   EXPECT_FALSE(fs::exists(dir.file("plots")));
 
-  if (run_shell("python3 -c 'import matplotlib'").exit_code != 0) {
+  if (test::run_shell("python3 -c 'import matplotlib'").exit_code != 0) {
     GTEST_SKIP() << "matplotlib not installed: only the message was checked";
   }
   const std::string csv = dir.file("summary.csv");
@@ -326,7 +312,7 @@ TEST(PlotRuns, DrawsLossAndPerfPngsOrSaysMatplotlibIsMissing) {
                           " --csv '" + csv + "'")
                 .exit_code,
             0);
-  const test::CommandResult r = run_shell("python3 " + args + " --summary '" + csv + "'");
+  const test::CommandResult r = test::run_shell("python3 " + args + " --summary '" + csv + "'");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   for (const char* png : {"loss_gpt2_fp32.png", "loss_gpt2_bf16.png", "perf.png"}) {
     EXPECT_GT(fs::file_size(dir.path() / "plots" / png), 1000u) << png;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <ostream>
 #include <string>
 
 #include "attention/attention.h"
@@ -23,6 +24,29 @@ struct Inputs {
   Problem problem;
   Tensor q, k, v, dout, segment_ids;
 };
+
+// A grid point of the accuracy tests (CPU and GPU).
+struct Case {
+  const char* name;
+  Shapes shapes;
+  bool causal = false;
+  int64_t window = 0;
+  bool segments = false;
+  bool scattered = false;        // interleaved segment ids instead of packed runs
+  bool segments_on_gpu = false;  // pass the ids as a GPU tensor (else the CPU one)
+
+  Mask mask() const {
+    Mask m;
+    m.causal = causal;
+    m.window = window;
+    m.has_segments = segments;
+    return m;
+  }
+};
+
+inline void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.name;
+}
 
 // Segment ids [B, S]: packed runs of random length with increasing ids, about 10% of positions
 // padding (-1) scattered and a padded tail; with `scattered`, ids are drawn per position from

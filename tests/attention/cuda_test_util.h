@@ -70,29 +70,6 @@ inline GpuResult run_on_gpu(Impl impl, const Inputs& in, bool segments_on_gpu, i
           {g.dq.to(Device::cpu), g.dk.to(Device::cpu), g.dv.to(Device::cpu)}};
 }
 
-// A grid point of the GPU accuracy tests.
-struct Case {
-  const char* name;
-  Shapes shapes;
-  bool causal = false;
-  int64_t window = 0;
-  bool segments = false;
-  bool scattered = false;        // interleaved segment ids instead of packed runs
-  bool segments_on_gpu = false;  // pass the ids as a GPU tensor (else the CPU one)
-
-  Mask mask() const {
-    Mask m;
-    m.causal = causal;
-    m.window = window;
-    m.has_segments = segments;
-    return m;
-  }
-};
-
-inline void PrintTo(const Case& c, std::ostream* os) {
-  *os << c.name;
-}
-
 // The grid of the GPU accuracy tests (naive and flash): every S in {1, 7, 64, 100, 513, 1000},
 // Hq/Hkv in {1, 2, 4, 8}, head dims 32..256 (96 and 256 too: the bf16 flash kernels refuse them,
 // which the flash test checks) and each mask alone and combined.

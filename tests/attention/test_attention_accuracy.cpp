@@ -9,23 +9,6 @@
 namespace ft::attention::testing {
 namespace {
 
-struct Case {
-  const char* name;
-  Shapes shapes;
-  bool causal = false;
-  int64_t window = 0;
-  bool segments = false;
-  bool scattered = false;  // interleaved segment ids instead of packed runs
-
-  Mask mask() const {
-    Mask m;
-    m.causal = causal;
-    m.window = window;
-    m.has_segments = segments;
-    return m;
-  }
-};
-
 // Every S in {1, 7, 64, 513, 1000}, Hq/Hkv in {1, 2, 4, 8}, D in {32, 64, 128, 256} and each mask
 // alone and combined appear at least once; batch and heads stay small at large S to keep the
 // whole binary within a few minutes on 2 cores.
@@ -49,10 +32,6 @@ const Case kCases[] = {
 };
 
 // gtest prints a failing parameter with this instead of its raw bytes.
-void PrintTo(const Case& c, std::ostream* os) {
-  *os << c.name;
-}
-
 class AttentionAccuracy : public ::testing::TestWithParam<Case> {};
 
 void expect_clean(const char* impl, const ForwardOutput& fwd, const Gradients& g,
