@@ -204,8 +204,9 @@ void add_attention_command(CLI::App& app) {
   cmd->add_option("--device", opt->device, "cpu or cuda (cuda: --impl naive or flash)")
       ->capture_default_str();
   cmd->add_option("--config", opt->config,
-                  "CUDA flash kernel tiles, e.g. 'fwd=128x64/128 bwd=64x128/256/double' "
-                  "(default: the GPU's default; bf16 only, fp32 has fixed kernels)");
+                  "CUDA flash kernel tiles and paths, e.g. 'fwd=128x64/128 bwd=64x128/256/double' "
+                  "or, on sm90, 'fwd=128x128/256/wgmma bwd=64x128/256/wgmma' (default: the "
+                  "GPU's default; bf16 only, fp32 has fixed kernels)");
   cmd->add_option("--dtype", opt->dtype,
                   "fp32 or bf16 (float32 inputs are rounded to bf16); reference computes in fp64")
       ->capture_default_str();

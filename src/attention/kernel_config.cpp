@@ -14,17 +14,40 @@
 
 namespace ft::attention {
 
+const char* forward_path_name(ForwardPath path) {
+  return path == ForwardPath::mma ? "mma" : "wgmma";
+}
+
+ForwardPath parse_forward_path(const std::string& s) {
+  if (s == "mma") return ForwardPath::mma;
+  if (s == "wgmma") return ForwardPath::wgmma;
+  throw Error(str("unknown forward path '", s, "' (allowed: mma, wgmma)"));
+}
+
 const char* backward_path_name(BackwardPath path) {
-  return path == BackwardPath::single ? "single" : "double";
+  switch (path) {
+    case BackwardPath::single:
+      return "single";
+    case BackwardPath::double_buffered:
+      return "double";
+    case BackwardPath::wgmma:
+      return "wgmma";
+  }
+  return "?";
 }
 
 BackwardPath parse_backward_path(const std::string& s) {
   if (s == "single") return BackwardPath::single;
   if (s == "double") return BackwardPath::double_buffered;
-  throw Error(str("unknown backward path '", s, "' (allowed: single, double)"));
+  if (s == "wgmma") return BackwardPath::wgmma;
+  throw Error(str("unknown backward path '", s, "' (allowed: single, double, wgmma)"));
 }
 
 std::vector<BackwardPath> all_backward_paths() {
+  return {BackwardPath::single, BackwardPath::double_buffered, BackwardPath::wgmma};
+}
+
+std::vector<BackwardPath> mma_backward_paths() {
   return {BackwardPath::single, BackwardPath::double_buffered};
 }
 
@@ -32,17 +55,26 @@ std::string TileConfig::str() const {
   return ft::str(block_m, "x", block_n, "/", threads);
 }
 
+std::string KernelConfig::forward_str() const {
+  return forward_path == ForwardPath::mma ? ft::str("fwd=", forward.str())
+                                          : ft::str("fwd=", forward.str(), "/wgmma");
+}
+
+std::string KernelConfig::backward_str() const {
+  return ft::str("bwd=", backward.str(), "/", backward_path_name(backward_path));
+}
+
 std::string KernelConfig::str() const {
-  return ft::str("fwd=", forward.str(), " bwd=", backward.str(), "/",
-                 backward_path_name(backward_path));
+  return ft::str(forward_str(), " ", backward_str());
 }
 
 KernelConfig KernelConfig::parse(const std::string& text, const KernelConfig& base) {
-  static const std::regex fwd_re(R"(^fwd=(\d+)x(\d+)/(\d+)$)");
-  static const std::regex bwd_re(R"(^bwd=(\d+)x(\d+)/(\d+)(?:/(single|double))?$)");
+  static const std::regex fwd_re(R"(^fwd=(\d+)x(\d+)/(\d+)(?:/(mma|wgmma))?$)");
+  static const std::regex bwd_re(R"(^bwd=(\d+)x(\d+)/(\d+)(?:/(single|double|wgmma))?$)");
   const std::string expected =
-      "expected 'fwd=MxN/THREADS bwd=MxN/THREADS/PATH', e.g. 'fwd=128x64/128 "
-      "bwd=64x64/128/double' (either part may be left out; PATH: single or double)";
+      "expected 'fwd=MxN/THREADS[/FPATH] bwd=MxN/THREADS/PATH', e.g. 'fwd=128x64/128 "
+      "bwd=64x64/128/double' (either part may be left out; FPATH: mma (default) or wgmma; "
+      "PATH: single, double or wgmma)";
   KernelConfig c = base;
   std::istringstream words(text);
   std::string word;
@@ -51,6 +83,7 @@ KernelConfig KernelConfig::parse(const std::string& text, const KernelConfig& ba
     std::smatch m;
     if (std::regex_match(word, m, fwd_re)) {
       c.forward = {std::stoi(m[1]), std::stoi(m[2]), std::stoi(m[3])};
+      c.forward_path = m[4].matched ? parse_forward_path(m[4]) : ForwardPath::mma;
     } else if (std::regex_match(word, m, bwd_re)) {
       c.backward = {std::stoi(m[1]), std::stoi(m[2]), std::stoi(m[3])};
       if (m[4].matched) c.backward_path = parse_backward_path(m[4]);
@@ -121,16 +154,21 @@ const DeviceLimits& DeviceLimits::current() {
 
 // ---- shared memory plans (flash_bf16.cuh allocates exactly these) ----
 
-int64_t forward_smem_bytes(const TileConfig& t, int64_t head_dim) {
+// The wgmma kernels ask for 1024 bytes more, to align their swizzled panels.
+constexpr int64_t kWgmmaAlignSlack = 1024;
+
+int64_t forward_smem_bytes(const TileConfig& t, ForwardPath path, int64_t head_dim) {
   // Q tile, plus K and V tiles in two stages each; bf16.
-  return 2 * head_dim * (t.block_m + 4 * int64_t{t.block_n});
+  const int64_t tiles = 2 * head_dim * (t.block_m + 4 * int64_t{t.block_n});
+  return path == ForwardPath::wgmma ? tiles + kWgmmaAlignSlack : tiles;
 }
 
 int64_t backward_smem_bytes(const TileConfig& t, BackwardPath path, int64_t head_dim) {
-  const int64_t stages = path == BackwardPath::double_buffered ? 2 : 1;
+  const int64_t stages = path == BackwardPath::single ? 1 : 2;
   const int64_t m = t.block_m, n = t.block_n;
   // K and V (bf16) once; Q and dO (bf16) with lse and D (fp32) per stage; dS (bf16).
-  return 4 * head_dim * n + stages * (4 * head_dim * m + 8 * m) + 2 * m * n;
+  const int64_t tiles = 4 * head_dim * n + stages * (4 * head_dim * m + 8 * m) + 2 * m * n;
+  return path == BackwardPath::wgmma ? tiles + kWgmmaAlignSlack : tiles;
 }
 
 const std::vector<int64_t>& flash_head_dims() {
@@ -142,14 +180,26 @@ const std::vector<int64_t>& flash_head_dims() {
   return dims;
 }
 
+const std::vector<int64_t>& wgmma_head_dims() {
+  static const std::vector<int64_t> dims = {
+#define FT_DIM(d) d,
+      FT_FLASH_WGMMA_HEAD_DIMS(FT_DIM)
+#undef FT_DIM
+  };
+  return dims;
+}
+
 const CompiledKernels& compiled_kernels() {
   static const CompiledKernels k = [] {
     CompiledKernels c;
 #define FT_TILE(m, n, t) TileConfig{m, n, t},
     c.forward = {FT_FLASH_FORWARD_TILES(FT_TILE)};
     c.backward = {FT_FLASH_BACKWARD_TILES(FT_TILE)};
+    c.wgmma_forward = {FT_FLASH_WGMMA_FORWARD_TILES(FT_TILE)};
+    c.wgmma_backward = {FT_FLASH_WGMMA_BACKWARD_TILES(FT_TILE)};
 #undef FT_TILE
     c.head_dims = flash_head_dims();
+    c.wgmma_head_dims = wgmma_head_dims();
 #ifdef FLASHTRAIN_SWEEP_KERNELS
     c.sweep_set = true;
 #endif
@@ -158,14 +208,20 @@ const CompiledKernels& compiled_kernels() {
   return k;
 }
 
-std::vector<TileConfig> sweep_forward_tiles() {
+std::vector<TileConfig> sweep_forward_tiles(ForwardPath path) {
+  // wgmma: one warpgroup per 64 query rows, key tiles of 64 or 128.
+  if (path == ForwardPath::wgmma) {
+    return {{64, 64, 128}, {64, 128, 128}, {128, 64, 256}, {128, 128, 256}, {192, 64, 384}};
+  }
   // One thread count per forward tile (16 or 32 query rows per warp), and:
   // 128x64 also with 16 rows per warp (fewer registers, more warps).
   return {{64, 64, 128},  {64, 128, 128},  {128, 32, 128}, {128, 64, 128},
           {128, 64, 256}, {128, 128, 256}, {192, 64, 192}, {256, 64, 256}};
 }
 
-std::vector<TileConfig> sweep_backward_tiles() {
+std::vector<TileConfig> sweep_backward_tiles(BackwardPath path) {
+  // wgmma: query tiles of 64, one warpgroup per 64 keys.
+  if (path == BackwardPath::wgmma) return {{64, 64, 128}, {64, 128, 256}};
   std::vector<TileConfig> out;
   for (const auto& [m, n] : std::vector<std::pair<int, int>>{
            {64, 64}, {64, 128}, {128, 64}, {128, 128}, {192, 64}, {256, 64}}) {
@@ -206,6 +262,19 @@ std::string forward_layout_reason(const TileConfig& t) {
   return "";
 }
 
+// wgmma forward: one warpgroup (128 threads) per 64 query rows; key tiles of 64 or 128.
+std::string wgmma_forward_layout_reason(const TileConfig& t) {
+  if (t.threads % 128 != 0 || t.block_m != 64 * (t.threads / 128)) {
+    return ft::str("forward tile ", t.str(), "/wgmma: needs one warpgroup (128 threads) per 64 ",
+                   "query rows, i.e. ", 64 * std::max(1, t.threads / 128), " rows for ", t.threads,
+                   " threads");
+  }
+  if (t.block_n != 64 && t.block_n != 128) {
+    return ft::str("forward tile ", t.str(), "/wgmma: key rows must be 64 or 128");
+  }
+  return "";
+}
+
 // Backward: warps split the key rows, 16 or 32 each; for dQ they split the query rows into
 // 16-row steps and, when fewer steps than warps, the head dim into 16-column slices.
 std::string backward_layout_reason(const TileConfig& t, int64_t head_dim) {
@@ -227,11 +296,32 @@ std::string backward_layout_reason(const TileConfig& t, int64_t head_dim) {
   return "";
 }
 
+// wgmma backward: query tiles of 64 rows, one warpgroup (128 threads) per 64 keys.
+std::string wgmma_backward_layout_reason(const TileConfig& t) {
+  if (t.block_m != 64) {
+    return ft::str("backward tile ", t.str(), "/wgmma: query rows must be 64");
+  }
+  if (t.threads % 128 != 0 || t.block_n != 64 * (t.threads / 128)) {
+    return ft::str("backward tile ", t.str(), "/wgmma: needs one warpgroup (128 threads) per 64 ",
+                   "keys, i.e. ", 64 * std::max(1, t.threads / 128), " keys for ", t.threads,
+                   " threads");
+  }
+  return "";
+}
+
 std::string smem_reason(const char* which, const std::string& tile, int64_t bytes,
                         const DeviceLimits& d) {
   if (bytes <= d.max_smem_per_block) return "";
   return ft::str(which, " ", tile, " needs ", bytes, " B of shared memory; ", d.arch,
                  " allows at most ", d.max_smem_per_block, " B per block");
+}
+
+std::string head_dim_reason(const char* kernels, const std::vector<int64_t>& dims,
+                            int64_t head_dim) {
+  if (std::find(dims.begin(), dims.end(), head_dim) != dims.end()) return "";
+  std::string list;
+  for (int64_t dim : dims) list += (list.empty() ? "" : ", ") + std::to_string(dim);
+  return ft::str("head dim ", head_dim, ": the ", kernels, " support ", list);
 }
 
 }  // namespace
@@ -241,21 +331,30 @@ std::string can_implement(const KernelConfig& c, const Problem& p, const DeviceL
   if (p.dtype != DType::bf16) {
     return ft::str("dtype ", dtype_name(p.dtype), ": the CUDA flash kernels take bf16 or fp32");
   }
-  const auto& dims = flash_head_dims();
-  if (std::find(dims.begin(), dims.end(), p.head_dim) == dims.end()) {
-    std::string list;
-    for (int64_t dim : dims) list += (list.empty() ? "" : ", ") + std::to_string(dim);
-    return ft::str("head dim ", p.head_dim, ": the bf16 flash kernels support ", list);
-  }
+  const bool wgmma_fwd = c.forward_path == ForwardPath::wgmma;
+  const bool wgmma_bwd = c.backward_path == BackwardPath::wgmma;
   if (d.compute_capability < 80) {
     return ft::str(d.arch, ": the bf16 flash kernels need sm80 or newer (bf16 mma.sync)");
   }
+  if ((wgmma_fwd || wgmma_bwd) && arch_family(d.compute_capability) != "sm90") {
+    return ft::str(d.arch, ": the wgmma path needs sm90 (Hopper's warpgroup instructions); use ",
+                   "an mma path (forward without /wgmma, backward single or double)");
+  }
+  const std::string fwd_name = c.forward_str().substr(4);
+  const std::string bwd_name = c.backward_str().substr(4);
   for (const auto& reason :
-       {threads_reason("forward", c.forward, d.max_threads_per_block),
+       {head_dim_reason(wgmma_fwd ? "wgmma forward kernels" : "bf16 flash kernels",
+                        wgmma_fwd ? wgmma_head_dims() : flash_head_dims(), p.head_dim),
+        head_dim_reason(wgmma_bwd ? "wgmma backward kernels" : "bf16 flash kernels",
+                        wgmma_bwd ? wgmma_head_dims() : flash_head_dims(), p.head_dim),
+        threads_reason("forward", c.forward, d.max_threads_per_block),
         threads_reason("backward", c.backward, d.max_threads_per_block),
-        forward_layout_reason(c.forward), backward_layout_reason(c.backward, p.head_dim),
-        smem_reason("forward tile", c.forward.str(), forward_smem_bytes(c.forward, p.head_dim), d),
-        smem_reason("backward tile", c.backward.str() + "/" + backward_path_name(c.backward_path),
+        wgmma_fwd ? wgmma_forward_layout_reason(c.forward) : forward_layout_reason(c.forward),
+        wgmma_bwd ? wgmma_backward_layout_reason(c.backward)
+                  : backward_layout_reason(c.backward, p.head_dim),
+        smem_reason("forward tile", fwd_name,
+                    forward_smem_bytes(c.forward, c.forward_path, p.head_dim), d),
+        smem_reason("backward tile", bwd_name,
                     backward_smem_bytes(c.backward, c.backward_path, p.head_dim), d)}) {
     if (!reason.empty()) return reason;
   }
@@ -263,13 +362,12 @@ std::string can_implement(const KernelConfig& c, const Problem& p, const DeviceL
   const char* how = k.sweep_set ? "it is not among the sweep candidates"
                                 : "configure with -DFLASHTRAIN_SWEEP_KERNELS=ON to compile the "
                                   "sweep's candidate set";
-  if (!contains(k.forward, c.forward)) {
-    return ft::str("forward tile ", c.forward.str(), " is not compiled into this build (", how,
-                   ")");
+  if (!contains(k.forward_tiles(c.forward_path), c.forward)) {
+    return ft::str("forward tile ", fwd_name, " is not compiled into this build (", how, ")");
   }
-  if (!contains(k.backward, c.backward)) {
-    return ft::str("backward tile ", c.backward.str(), " is not compiled into this build (", how,
-                   ")");
+  if (!contains(k.backward_tiles(c.backward_path), c.backward)) {
+    return ft::str("backward tile ", c.backward.str(), wgmma_bwd ? "/wgmma" : "",
+                   " is not compiled into this build (", how, ")");
   }
   return "";
 }
@@ -293,18 +391,25 @@ struct DefaultRow {
   const char* config;
 };
 
-// The sm90 rows are the fastest correct configurations of `flashtrain sweep --all-paths` on an
-// H200 at B=32 S=4096 Hq=16 Hkv=4 D=128 bf16 (docs/SWEEP.md): causal 38.5 ms (the next best
-// 38.9 ms), window 512 + 5 documents 13.1 ms (the causal winner there: 15.0 ms). sm100 takes
-// sm90's rows unmeasured, sm80 the same tiles (they fit its shared memory); sm86/89 and sm120
-// (99 KB per block) the small tiles with the single-stage backward.
+// Rows are searched in order: the first of the family whose head-dim bound and mask class fit.
+// sm90: the wgmma paths (head dims 64 and 128), measured with bench/attention_gpu.sh on an H200
+// (docs/PERF.md): at B=32 S=4096 Hq=16 Hkv=4 D=128 causal the 128-row forward and the 128-key
+// backward (6.26 / 16.8 ms; 64-row tiles 6.69 / 19.2 ms); with a window of 512 and 5 documents
+// and at the GPT-2 shape (D=64) the 64-row tiles (2.58 / 5.98 ms and 0.075 / 0.214 ms; 128-row
+// tiles 3.54 / 6.51 ms and 0.089 / 0.253 ms). Head dim 32 keeps the mma.sync rows, the fastest
+// correct of `flashtrain sweep --all-paths` before the wgmma path (docs/SWEEP.md). sm100 takes
+// sm90's mma.sync rows unmeasured (wgmma is sm90 only), sm80 the same tiles (they fit its shared
+// memory); sm86/89 and sm120 (99 KB per block) the small tiles with the single-stage backward.
 constexpr DefaultRow kDefaults[] = {
     {"sm80", 256, MaskClass::dense, "fwd=128x64/128 bwd=64x128/256/double"},
     {"sm80", 256, MaskClass::local, "fwd=64x64/128 bwd=64x64/128/double"},
     {"sm86", 256, MaskClass::dense, "fwd=64x64/128 bwd=64x64/128/single"},
     {"sm86", 256, MaskClass::local, "fwd=64x64/128 bwd=64x64/128/single"},
-    {"sm90", 256, MaskClass::dense, "fwd=128x64/128 bwd=64x128/256/double"},
-    {"sm90", 256, MaskClass::local, "fwd=64x64/128 bwd=64x64/128/double"},
+    {"sm90", 32, MaskClass::dense, "fwd=128x64/128 bwd=64x128/256/double"},
+    {"sm90", 32, MaskClass::local, "fwd=64x64/128 bwd=64x64/128/double"},
+    {"sm90", 64, MaskClass::dense, "fwd=64x64/128/wgmma bwd=64x64/128/wgmma"},
+    {"sm90", 256, MaskClass::dense, "fwd=128x128/256/wgmma bwd=64x128/256/wgmma"},
+    {"sm90", 256, MaskClass::local, "fwd=64x64/128/wgmma bwd=64x64/128/wgmma"},
     {"sm100", 256, MaskClass::dense, "fwd=128x64/128 bwd=64x128/256/double"},
     {"sm100", 256, MaskClass::local, "fwd=64x64/128 bwd=64x64/128/double"},
     {"sm120", 256, MaskClass::dense, "fwd=64x64/128 bwd=64x64/128/single"},

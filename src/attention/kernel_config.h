@@ -1,10 +1,12 @@
-// Configuration of the CUDA flash kernels: tile shapes, threads and backward path, whether a
+// Configuration of the CUDA flash kernels: tile shapes, threads and paths, whether a
 // configuration can run a problem on a device (and why not), the compiled set, and the default
 // configuration per architecture family.
 //
 // A configuration is written "fwd=128x64/128 bwd=64x64/128/double": forward tile block_m (query
-// rows) x block_n (key rows) / threads, backward tile block_m (query rows) x block_n (key rows)
-// / threads / path. The text form is what the CLI, the sweep tables and the default table use.
+// rows) x block_n (key rows) / threads [/ path], backward tile block_m (query rows) x block_n
+// (key rows) / threads / path. The forward path is written only when it is not the default
+// (mma): "fwd=128x128/256/wgmma". The text form is what the CLI, the sweep tables and the
+// default table use.
 //
 // Everything here is plain C++ (no CUDA): the sweep's --dry-run and the CI tests judge
 // configurations for a named architecture without a GPU.
@@ -18,14 +20,26 @@
 
 namespace ft::attention {
 
-// How the backward kernel loads the query-side tiles (Q, dO, lse, D) of its next iteration.
-enum class BackwardPath {
-  single,           // one buffer: load, wait, compute
-  double_buffered,  // two buffers: the next query tile loads while this one is computed
+// Which tensor-core instructions the forward kernel uses.
+enum class ForwardPath {
+  mma,    // mma.sync per warp (sm80 and newer)
+  wgmma,  // Hopper warpgroup products from shared memory (sm90 only)
 };
-const char* backward_path_name(BackwardPath path);  // "single" | "double"
+const char* forward_path_name(ForwardPath path);  // "mma" | "wgmma"
+ForwardPath parse_forward_path(const std::string& s);
+
+// How the backward kernel computes: with mma.sync, loading the query-side tiles (Q, dO, lse, D)
+// of its next iteration in one or two buffers, or with Hopper's wgmma (double-buffered).
+enum class BackwardPath {
+  single,           // mma.sync; one buffer: load, wait, compute
+  double_buffered,  // mma.sync; two buffers: the next query tile loads during this one
+  wgmma,            // wgmma (sm90 only); two buffers
+};
+const char* backward_path_name(BackwardPath path);  // "single" | "double" | "wgmma"
 BackwardPath parse_backward_path(const std::string& s);
 std::vector<BackwardPath> all_backward_paths();
+// The backward paths of the mma.sync kernels (single, double).
+std::vector<BackwardPath> mma_backward_paths();
 
 struct TileConfig {
   int block_m = 0;  // query rows of a tile
@@ -41,14 +55,18 @@ struct TileConfig {
 
 struct KernelConfig {
   TileConfig forward{128, 64, 128};
+  ForwardPath forward_path = ForwardPath::mma;
   TileConfig backward{64, 64, 128};
   BackwardPath backward_path = BackwardPath::double_buffered;
 
   bool operator==(const KernelConfig& o) const {
-    return forward == o.forward && backward == o.backward && backward_path == o.backward_path;
+    return forward == o.forward && forward_path == o.forward_path && backward == o.backward &&
+           backward_path == o.backward_path;
   }
   bool operator!=(const KernelConfig& o) const { return !(*this == o); }
-  std::string str() const;  // "fwd=128x64/128 bwd=64x64/128/double"
+  std::string str() const;           // "fwd=128x64/128 bwd=64x64/128/double"
+  std::string forward_str() const;   // "fwd=128x64/128" or "fwd=128x128/256/wgmma"
+  std::string backward_str() const;  // "bwd=64x64/128/double"
   // Parses str()'s form; either part may be left out (it keeps `base`'s value). Throws
   // ft::Error with the offending text and the expected form.
   static KernelConfig parse(const std::string& text, const KernelConfig& base);
@@ -71,11 +89,12 @@ struct DeviceLimits {
 
 // Shared memory a kernel of this tile needs for one head dim (bf16 tiles; the fp32 path has its
 // own fixed kernels and ignores the configuration).
-int64_t forward_smem_bytes(const TileConfig& tile, int64_t head_dim);
+int64_t forward_smem_bytes(const TileConfig& tile, ForwardPath path, int64_t head_dim);
 int64_t backward_smem_bytes(const TileConfig& tile, BackwardPath path, int64_t head_dim);
 
-// The head dims the bf16 kernels are compiled for.
+// The head dims the bf16 kernels are compiled for: every mma.sync kernel, and the wgmma ones.
 const std::vector<int64_t>& flash_head_dims();
+const std::vector<int64_t>& wgmma_head_dims();
 
 // "" when the CUDA flash kernels of `config` can run `problem` on `device`; otherwise a reason a
 // person can act on (the value, the limit, and what to change). Checks the dtype and head dim,
@@ -99,19 +118,30 @@ KernelConfig default_config(const DeviceLimits& device, int64_t head_dim,
                             MaskClass mask_class = MaskClass::dense);
 KernelConfig default_config(const DeviceLimits& device, const Problem& problem);
 
-// The compiled kernels: forward tiles, and backward tiles per path. The default build compiles
-// the defaults; -DFLASHTRAIN_SWEEP_KERNELS=ON compiles the sweep's whole candidate set.
+// The compiled kernels: mma.sync forward tiles and backward tiles (each for both of its paths),
+// and wgmma forward and backward tiles. The default build compiles the defaults;
+// -DFLASHTRAIN_SWEEP_KERNELS=ON compiles the sweep's whole candidate set.
 struct CompiledKernels {
   std::vector<TileConfig> forward;
-  std::vector<TileConfig> backward;  // each for every backward path
+  std::vector<TileConfig> backward;  // each for the single and double paths
+  std::vector<TileConfig> wgmma_forward;
+  std::vector<TileConfig> wgmma_backward;
   std::vector<int64_t> head_dims;
+  std::vector<int64_t> wgmma_head_dims;
   bool sweep_set = false;
+
+  const std::vector<TileConfig>& forward_tiles(ForwardPath path) const {
+    return path == ForwardPath::wgmma ? wgmma_forward : forward;
+  }
+  const std::vector<TileConfig>& backward_tiles(BackwardPath path) const {
+    return path == BackwardPath::wgmma ? wgmma_backward : backward;
+  }
 };
 const CompiledKernels& compiled_kernels();
 
-// The tile sweep's candidates (compiled or not): forward tiles with their threads, backward
-// tiles x {128, 256} threads.
-std::vector<TileConfig> sweep_forward_tiles();
-std::vector<TileConfig> sweep_backward_tiles();
+// The tile sweep's candidates (compiled or not) of each path: mma.sync forward tiles with their
+// threads, mma.sync backward tiles x {128, 256} threads, and the wgmma tiles.
+std::vector<TileConfig> sweep_forward_tiles(ForwardPath path = ForwardPath::mma);
+std::vector<TileConfig> sweep_backward_tiles(BackwardPath path = BackwardPath::double_buffered);
 
 }  // namespace ft::attention

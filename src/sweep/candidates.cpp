@@ -5,6 +5,7 @@
 namespace ft::sweep {
 
 using attention::BackwardPath;
+using attention::ForwardPath;
 using attention::KernelConfig;
 using attention::TileConfig;
 
@@ -67,14 +68,17 @@ std::vector<Candidate> make_candidates(SweepAxis axis, const std::vector<Backwar
     KernelConfig fixed = base;
     fixed.backward_path = path;
     if (axis != SweepAxis::backward) {
-      for (const TileConfig& tile : attention::sweep_forward_tiles()) {
-        KernelConfig c = fixed;
-        c.forward = tile;
-        add(c, c == base ? "base" : "forward");
+      for (ForwardPath forward_path : {ForwardPath::mma, ForwardPath::wgmma}) {
+        for (const TileConfig& tile : attention::sweep_forward_tiles(forward_path)) {
+          KernelConfig c = fixed;
+          c.forward = tile;
+          c.forward_path = forward_path;
+          add(c, c == base ? "base" : "forward");
+        }
       }
     }
     if (axis != SweepAxis::forward) {
-      for (const TileConfig& tile : attention::sweep_backward_tiles()) {
+      for (const TileConfig& tile : attention::sweep_backward_tiles(path)) {
         KernelConfig c = fixed;
         c.backward = tile;
         add(c, c == base ? "base" : "backward");

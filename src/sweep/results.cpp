@@ -187,7 +187,7 @@ json row_to_json(const SweepRow& r) {
             {"index", r.index},
             {"role", r.role},
             {"config", r.config.str()},
-            {"fwd_tile", r.config.forward.str()},
+            {"fwd_tile", r.config.forward_str().substr(4)},
             {"bwd_tile", str(r.config.backward.block_m, "x", r.config.backward.block_n)},
             {"threads", r.config.backward.threads},
             {"path", attention::backward_path_name(r.config.backward_path)},
@@ -308,7 +308,7 @@ std::string csv_text(const SweepHeader& header, const std::vector<SweepRow>& row
   for (const SweepRow& r : rows) {
     const bool t = r.timed;
     os << csv_field(r.mask) << "," << r.gpu << "," << r.index << "," << r.role << ","
-       << r.config.forward.str() << "," << r.config.backward.block_m << "x"
+       << r.config.forward_str().substr(4) << "," << r.config.backward.block_m << "x"
        << r.config.backward.block_n << "," << r.config.backward.threads << ","
        << attention::backward_path_name(r.config.backward_path) << "," << csv_field(r.config.str())
        << "," << (t ? fixed(r.timing.fwd.median_ms, 4) : "") << ","

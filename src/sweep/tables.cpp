@@ -69,12 +69,13 @@ std::vector<std::string> table_cells(const SweepRow& r, bool with_gpu, bool dry_
   if (with_gpu) cells.push_back(std::to_string(r.gpu));
   cells.push_back(r.index < 0 ? "-" : std::to_string(r.index));
   cells.push_back(r.role);
-  cells.push_back(r.config.forward.str());
+  cells.push_back(r.config.forward_str().substr(4));
   cells.push_back(str(r.config.backward.block_m, "x", r.config.backward.block_n));
   cells.push_back(std::to_string(r.config.backward.threads));
   cells.push_back(attention::backward_path_name(r.config.backward_path));
   if (dry_run) {
-    cells.push_back(std::to_string(attention::forward_smem_bytes(r.config.forward, head_dim)));
+    cells.push_back(std::to_string(
+        attention::forward_smem_bytes(r.config.forward, r.config.forward_path, head_dim)));
     cells.push_back(std::to_string(
         attention::backward_smem_bytes(r.config.backward, r.config.backward_path, head_dim)));
   } else if (r.timed) {

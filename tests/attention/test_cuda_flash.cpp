@@ -3,11 +3,11 @@
 // alone and combined (segments with padding, packed and interleaved). fp32: relative error
 // <= 1e-5. bf16: at most 2x the error of the CUDA naive bf16 baseline on the same inputs (+ a
 // small floor), for EVERY compiled kernel configuration that can_implement accepts (the default,
-// each compiled forward tile with the default backward, each compiled backward tile and path
-// with the default forward). The device pool is filled with NaN before every run: an element a
-// kernel forgets to write fails. Never NaN or Inf; padding rows exactly zero, lse -inf.
-// Configurations that can_implement refuses must fail with its reason, launching nothing.
-// Skips itself without a CUDA build or a GPU.
+// each compiled forward tile and path (mma, wgmma) with the default backward, each compiled
+// backward tile and path (single, double, wgmma) with the default forward). The device pool is
+// filled with NaN before every run: an element a kernel forgets to write fails. Never NaN or Inf;
+// padding rows exactly zero, lse -inf. Configurations that can_implement refuses must fail with its
+// reason, launching nothing. Skips itself without a CUDA build or a GPU.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -55,13 +55,16 @@ std::vector<KernelConfig> configs_under_test(const Problem& p) {
     }
     if (can_implement(c, p, device).empty()) out.push_back(c);
   };
-  for (const TileConfig& tile : compiled_kernels().forward) {
-    KernelConfig c = base;
-    c.forward = tile;
-    add(c);
+  for (ForwardPath path : {ForwardPath::mma, ForwardPath::wgmma}) {
+    for (const TileConfig& tile : compiled_kernels().forward_tiles(path)) {
+      KernelConfig c = base;
+      c.forward = tile;
+      c.forward_path = path;
+      add(c);
+    }
   }
-  for (const TileConfig& tile : compiled_kernels().backward) {
-    for (BackwardPath path : all_backward_paths()) {
+  for (BackwardPath path : all_backward_paths()) {
+    for (const TileConfig& tile : compiled_kernels().backward_tiles(path)) {
       KernelConfig c = base;
       c.backward = tile;
       c.backward_path = path;

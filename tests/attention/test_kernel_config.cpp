@@ -37,6 +37,21 @@ TEST(KernelConfig, TextRoundTrips) {
   EXPECT_EQ(only_bwd.backward_path, BackwardPath::single);
 }
 
+// The wgmma paths: the forward's path is written only when it is not mma.
+TEST(KernelConfig, WgmmaPathsInText) {
+  const KernelConfig c = KernelConfig::parse("fwd=128x128/256/wgmma bwd=64x128/256/wgmma");
+  EXPECT_EQ(c.forward_path, ForwardPath::wgmma);
+  EXPECT_EQ(c.backward_path, BackwardPath::wgmma);
+  EXPECT_EQ(c.str(), "fwd=128x128/256/wgmma bwd=64x128/256/wgmma");
+  EXPECT_EQ(KernelConfig::parse(c.str()), c);
+  const KernelConfig mma = KernelConfig::parse("fwd=128x64/128/mma", c);
+  EXPECT_EQ(mma.forward_path, ForwardPath::mma);
+  EXPECT_EQ(mma.forward_str(), "fwd=128x64/128");
+  EXPECT_EQ(mma.backward_path, BackwardPath::wgmma) << "the backward part is kept";
+  expect_error([] { KernelConfig::parse("fwd=128x64/128/tma"); }, {"tma", "wgmma"});
+  expect_error([] { parse_forward_path("tma"); }, {"tma", "mma, wgmma"});
+}
+
 TEST(KernelConfig, BadTextNamesTheWordAndTheForm) {
   expect_error([] { KernelConfig::parse("fwd=128x64"); }, {"fwd=128x64", "expected"});
   expect_error([] { KernelConfig::parse("bwd=64x64/128/triple"); }, {"triple"});
@@ -53,18 +68,53 @@ TEST(KernelConfig, ArchitectureTable) {
 
 TEST(KernelConfig, SharedMemoryPlans) {
   // Q + 2 stages of K and V: 2 * D * (BM + 4 BN).
-  EXPECT_EQ(forward_smem_bytes({128, 64, 128}, 128), 2 * 128 * (128 + 256));
+  EXPECT_EQ(forward_smem_bytes({128, 64, 128}, ForwardPath::mma, 128), 2 * 128 * (128 + 256));
   // K, V + per stage Q, dO, lse, D + dS.
   EXPECT_EQ(backward_smem_bytes({64, 128, 256}, BackwardPath::double_buffered, 128),
             4 * 128 * 128 + 2 * (4 * 128 * 64 + 8 * 64) + 2 * 64 * 128);
   EXPECT_EQ(backward_smem_bytes({64, 128, 256}, BackwardPath::single, 128),
             4 * 128 * 128 + (4 * 128 * 64 + 8 * 64) + 2 * 64 * 128);
+  // wgmma: the same tiles, double-buffered, plus 1024 B to align the swizzled panels.
+  EXPECT_EQ(forward_smem_bytes({128, 128, 256}, ForwardPath::wgmma, 128),
+            2 * 128 * (128 + 512) + 1024);
+  EXPECT_EQ(backward_smem_bytes({64, 128, 256}, BackwardPath::wgmma, 128),
+            backward_smem_bytes({64, 128, 256}, BackwardPath::double_buffered, 128) + 1024);
+}
+
+TEST(KernelConfig, WgmmaReasons) {
+  const DeviceLimits sm90 = DeviceLimits::for_arch("sm90");
+  KernelConfig c = KernelConfig::parse("fwd=128x128/256/wgmma bwd=64x128/256/wgmma");
+  const Problem p = bf16_problem(128);
+  EXPECT_EQ(can_implement(c, p, sm90), "");
+  for (const char* arch : {"sm80", "sm86", "sm100", "sm120"}) {
+    const std::string why = can_implement(c, p, DeviceLimits::for_arch(arch));
+    EXPECT_NE(why.find("needs sm90"), std::string::npos) << arch << ": " << why;
+  }
+  const std::string d32 = can_implement(c, bf16_problem(32), sm90);
+  EXPECT_NE(d32.find("head dim 32: the wgmma forward kernels support 64, 128"), std::string::npos)
+      << d32;
+  KernelConfig bad = c;
+  bad.forward = {128, 64, 128};  // one warpgroup for 128 rows
+  EXPECT_NE(can_implement(bad, p, sm90).find("one warpgroup (128 threads) per 64"),
+            std::string::npos);
+  bad.forward = {64, 96, 128};
+  EXPECT_NE(can_implement(bad, p, sm90).find("64 or 128"), std::string::npos);
+  bad = c;
+  bad.backward = {128, 128, 256};
+  EXPECT_NE(can_implement(bad, p, sm90).find("query rows must be 64"), std::string::npos);
+  bad.backward = {64, 128, 128};
+  EXPECT_NE(can_implement(bad, p, sm90).find("64 keys for 128 threads"), std::string::npos);
+  // The mma forward with the wgmma backward (and the other way round) is a valid mix.
+  bad = c;
+  bad.forward = {128, 64, 128};
+  bad.forward_path = ForwardPath::mma;
+  EXPECT_EQ(can_implement(bad, p, sm90), "");
 }
 
 TEST(KernelConfig, CanImplementReasons) {
   const DeviceLimits sm90 = DeviceLimits::for_arch("sm90");
   const DeviceLimits sm86 = DeviceLimits::for_arch("sm86");
-  const KernelConfig base = default_config(sm90, 128);
+  const KernelConfig base = KernelConfig::parse("fwd=128x64/128 bwd=64x128/256/double");
   Problem p = bf16_problem(128);
   EXPECT_EQ(can_implement(base, p, sm90), "");
 
@@ -106,6 +156,7 @@ TEST(KernelConfig, NotCompiledSaysHowToCompileIt) {
   for (const TileConfig& tile : sweep_forward_tiles()) {
     KernelConfig c = default_config(sm90, 64);
     c.forward = tile;
+    c.forward_path = ForwardPath::mma;
     const std::string reason = can_implement(c, bf16_problem(64), sm90);
     const bool compiled = std::find(k.forward.begin(), k.forward.end(), tile) != k.forward.end();
     if (compiled) {
@@ -135,10 +186,15 @@ TEST(KernelConfig, DefaultsDependOnTheMaskClass) {
   const DeviceLimits sm90 = DeviceLimits::for_arch("sm90");
   Problem p = bf16_problem(128);
   EXPECT_EQ(mask_class_of(p.mask), MaskClass::dense);
-  EXPECT_EQ(default_config(sm90, p).str(), "fwd=128x64/128 bwd=64x128/256/double");
+  EXPECT_EQ(default_config(sm90, p).str(), "fwd=128x128/256/wgmma bwd=64x128/256/wgmma");
+  EXPECT_EQ(default_config(sm90, 64, MaskClass::dense).str(),
+            "fwd=64x64/128/wgmma bwd=64x64/128/wgmma");
+  EXPECT_EQ(default_config(sm90, 32, MaskClass::dense).str(),
+            "fwd=128x64/128 bwd=64x128/256/double")
+      << "head dim 32 has no wgmma kernels";
   p.mask.window = 512;
   EXPECT_EQ(mask_class_of(p.mask), MaskClass::local);
-  EXPECT_EQ(default_config(sm90, p).str(), "fwd=64x64/128 bwd=64x64/128/double");
+  EXPECT_EQ(default_config(sm90, p).str(), "fwd=64x64/128/wgmma bwd=64x64/128/wgmma");
   p.mask.window = 0;
   p.mask.has_segments = true;
   EXPECT_EQ(default_config(sm90, p), default_config(sm90, 128, MaskClass::local));
@@ -165,6 +221,23 @@ TEST(KernelConfig, SweepCandidatesCoverTheDefaults) {
   }
   for (const TileConfig& t : compiled_kernels().backward) {
     EXPECT_NE(std::find(bwd.begin(), bwd.end(), t), bwd.end()) << t.str();
+  }
+  const auto wgmma_fwd = sweep_forward_tiles(ForwardPath::wgmma);
+  const auto wgmma_bwd = sweep_backward_tiles(BackwardPath::wgmma);
+  const DeviceLimits sm90 = DeviceLimits::for_arch("sm90");
+  for (const TileConfig& t : compiled_kernels().wgmma_forward) {
+    EXPECT_NE(std::find(wgmma_fwd.begin(), wgmma_fwd.end(), t), wgmma_fwd.end()) << t.str();
+    KernelConfig c = default_config(sm90, 128);
+    c.forward = t;
+    c.forward_path = ForwardPath::wgmma;
+    EXPECT_EQ(can_implement(c, bf16_problem(128), sm90), "") << c.str();
+  }
+  for (const TileConfig& t : compiled_kernels().wgmma_backward) {
+    EXPECT_NE(std::find(wgmma_bwd.begin(), wgmma_bwd.end(), t), wgmma_bwd.end()) << t.str();
+    KernelConfig c = default_config(sm90, 128);
+    c.backward = t;
+    c.backward_path = BackwardPath::wgmma;
+    EXPECT_EQ(can_implement(c, bf16_problem(128), sm90), "") << c.str();
   }
 }
 

@@ -49,19 +49,29 @@ TEST(SweepCli, DryRunSm90ListsEveryCandidateWithVerdicts) {
   const test::CommandResult r = test::run_cli("sweep --dry-run --arch sm90");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("dry run for sm90 (232448 B"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("base config (the default): fwd=128x64/128 bwd=64x128/256/double"),
+  EXPECT_NE(r.output.find("base config (the default): fwd=128x128/256/wgmma bwd=64x128/256/wgmma"),
             std::string::npos);
-  EXPECT_NE(r.output.find("reference row: fwd=64x64/128 bwd=64x64/128/double"), std::string::npos);
-  // The reference, the base, 7 more forward tiles and 11 more backward tiles.
-  EXPECT_EQ(table_rows(r.output), 20) << r.output;
-  EXPECT_NE(r.output.find("refused: backward tile 64x64/256: 8 warps must split"),
-            std::string::npos);
-  EXPECT_NE(r.output.find("refused: backward tile 256x64/128/double needs 331776 B of shared "
-                          "memory; sm90 allows at most 232448 B"),
-            std::string::npos)
-      << r.output;
+  EXPECT_NE(r.output.find("reference row: fwd=64x64/128 bwd=64x64/128/wgmma"), std::string::npos);
+  // The reference, the base, 12 more forward tiles (8 mma, 4 more wgmma) and the other wgmma
+  // backward tile.
+  EXPECT_EQ(table_rows(r.output), 15) << r.output;
   EXPECT_GE(count(r.output, "can run"), 3);  // ref, base and 64x64 forward are always compiled
-  EXPECT_NE(r.output.find("20 rows"), std::string::npos);
+  EXPECT_NE(r.output.find("15 rows"), std::string::npos);
+
+  // Every path: the mma.sync backward tiles too, refused with can_implement's reasons.
+  const test::CommandResult all = test::run_cli("sweep --dry-run --arch sm90 --all-paths");
+  ASSERT_EQ(all.exit_code, 0) << all.output;
+  EXPECT_NE(all.output.find("refused: backward tile 64x64/256: 8 warps must split"),
+            std::string::npos);
+  EXPECT_NE(all.output.find("refused: backward tile 256x64/128/double needs 331776 B of shared "
+                            "memory; sm90 allows at most 232448 B"),
+            std::string::npos)
+      << all.output;
+  if (!attention::compiled_kernels().sweep_set) {
+    EXPECT_NE(all.output.find("refused: forward tile 192x64/384/wgmma is not compiled"),
+              std::string::npos)
+        << all.output;
+  }
 }
 
 TEST(SweepCli, DryRunSm86RefusesMoreForSharedMemory) {
@@ -104,7 +114,9 @@ TEST(SweepCli, DryRunWritesJsonAndCsv) {
   const nlohmann::json j = nlohmann::json::parse(in);
   EXPECT_EQ(j["header"]["dry_run"], true);
   EXPECT_EQ(j["header"]["gpus"][0]["arch"], "sm90");
-  EXPECT_EQ(j["rows"].size(), 1u + attention::sweep_forward_tiles().size());
+  EXPECT_EQ(j["rows"].size(),
+            1u + attention::sweep_forward_tiles(attention::ForwardPath::mma).size() +
+                attention::sweep_forward_tiles(attention::ForwardPath::wgmma).size());
   for (const auto& row : j["rows"]) {
     const std::string status = row["status"];
     EXPECT_TRUE(status == "planned" || status == "refused") << status;

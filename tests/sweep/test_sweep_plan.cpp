@@ -141,14 +141,15 @@ TEST(SweepCandidates, OneAxisAtATimeWithTheBaseFirst) {
   EXPECT_EQ(fwd[0].config, base);
   EXPECT_EQ(fwd[0].role, "base");
   // Every forward tile once (the base's own forward tile is the base row).
-  EXPECT_EQ(fwd.size(), attention::sweep_forward_tiles().size());
+  EXPECT_EQ(fwd.size(), attention::sweep_forward_tiles(attention::ForwardPath::mma).size() +
+                            attention::sweep_forward_tiles(attention::ForwardPath::wgmma).size());
   for (const Candidate& c : fwd) {
     EXPECT_EQ(c.config.backward, base.backward) << c.config.str();
     EXPECT_EQ(c.config.backward_path, base.backward_path);
   }
   const std::vector<Candidate> bwd = candidates_for("sm90", SweepAxis::backward);
-  EXPECT_EQ(bwd.size(), attention::sweep_backward_tiles().size());  // 6 tiles x 2 thread counts
-  EXPECT_EQ(bwd.size(), 12u);
+  // The base's path (wgmma on sm90) has its own backward tiles.
+  EXPECT_EQ(bwd.size(), attention::sweep_backward_tiles(base.backward_path).size());
   for (const Candidate& c : bwd) EXPECT_EQ(c.config.forward, base.forward) << c.config.str();
   const std::vector<Candidate> both = candidates_for("sm90", SweepAxis::both);
   EXPECT_EQ(both.size(), fwd.size() + bwd.size() - 1);
@@ -160,19 +161,23 @@ TEST(SweepCandidates, OneAxisAtATimeWithTheBaseFirst) {
   // Every path: the axes once per path, the base once.
   const std::vector<Candidate> paths =
       candidates_for("sm90", SweepAxis::both, attention::all_backward_paths());
-  EXPECT_EQ(paths.size(), 1 + 2 * (both.size() - 1) + 1);  // the other path repeats the base tiles
+  // The base's path once, then each mma path: every forward tile and its 12 backward tiles (6
+  // tiles x {128, 256} threads), the base tiles once.
+  const size_t mma_bwd = attention::sweep_backward_tiles(BackwardPath::double_buffered).size();
+  EXPECT_EQ(mma_bwd, 12u);
+  EXPECT_EQ(paths.size(), both.size() + 2 * (fwd.size() + mma_bwd - 1));
 }
 
 TEST(SweepCandidates, RefusalsCarryCanImplementsReasons) {
   const std::vector<Candidate> sm90 =
       candidates_for("sm90", SweepAxis::both, attention::all_backward_paths());
-  const Candidate* warps = find(sm90, "fwd=128x64/128 bwd=64x64/256/double");
+  const Candidate* warps = find(sm90, "fwd=128x128/256/wgmma bwd=64x64/256/double");
   ASSERT_NE(warps, nullptr);
   EXPECT_NE(warps->refused.find("warps must split"), std::string::npos) << warps->refused;
-  const Candidate* smem = find(sm90, "fwd=128x64/128 bwd=256x64/128/double");
+  const Candidate* smem = find(sm90, "fwd=128x128/256/wgmma bwd=256x64/128/double");
   ASSERT_NE(smem, nullptr);
   EXPECT_NE(smem->refused.find("shared memory"), std::string::npos) << smem->refused;
-  const Candidate* single = find(sm90, "fwd=128x64/128 bwd=256x64/128/single");
+  const Candidate* single = find(sm90, "fwd=128x128/256/wgmma bwd=256x64/128/single");
   ASSERT_NE(single, nullptr);
   EXPECT_EQ(single->refused.find("shared memory"), std::string::npos) << single->refused;
 

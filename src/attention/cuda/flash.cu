@@ -12,6 +12,7 @@
 #include "attention/cuda/cuda_kernels.h"
 #include "attention/cuda/flash_bf16.cuh"
 #include "attention/cuda/flash_launch.h"
+#include "attention/cuda/flash_wgmma.cuh"
 #include "core/cuda/check.h"
 #include "core/cuda/runtime.h"
 
@@ -37,37 +38,62 @@ __global__ void segment_chunks_kernel(const int32_t* ids, SegmentChunk* chunks, 
   chunks[idx] = s;
 }
 
-__device__ __forceinline__ float as_float(float x) {
-  return x;
-}
-__device__ __forceinline__ float as_float(__nv_bfloat16 x) {
-  return __bfloat162float(x);
-}
-
-// One warp per (batch, position, head) row: dsum = sum_d dO * O; zeroes the row's dQ buffer.
-template <class T>
-__global__ void backward_preprocess_kernel(const T* o, const T* dout, float* dsum, float* dq_accum,
-                                           int64_t rows, int seq_len, int heads, int head_dim) {
+// One warp per (batch, position, head) row: dsum = sum_d dO * O (the fp32 path).
+__global__ void backward_preprocess_fp32_kernel(const float* o, const float* dout, float* dsum,
+                                                int64_t rows, int seq_len, int heads,
+                                                int head_dim) {
   const int64_t row = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
-  const T* o_row = o + row * head_dim;
-  const T* do_row = dout + row * head_dim;
+  const float* o_row = o + row * head_dim;
+  const float* do_row = dout + row * head_dim;
   float acc = 0.0f;
-  for (int d = lane; d < head_dim; d += 32) acc += as_float(o_row[d]) * as_float(do_row[d]);
+  for (int d = lane; d < head_dim; d += 32) acc += o_row[d] * do_row[d];
   for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
   const int64_t b = row / (int64_t{seq_len} * heads);
   const int i = static_cast<int>((row / heads) % seq_len), h = static_cast<int>(row % heads);
   if (lane == 0) dsum[(b * heads + h) * seq_len + i] = acc;
-  if (dq_accum != nullptr) {
-    for (int d = lane; d < head_dim; d += 32) dq_accum[row * head_dim + d] = 0.0f;
+}
+
+// The bf16 path: each thread takes 8 consecutive values (16 bytes) of O and dO, and the CHUNKS
+// threads of a row (head_dim / 8, a power of two up to 32) sum them with shuffles.
+template <int CHUNKS>
+__global__ void backward_preprocess_bf16_kernel(const __nv_bfloat16* o, const __nv_bfloat16* dout,
+                                                float* dsum, int64_t rows, int seq_len, int heads) {
+  const int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  const int64_t row = idx / CHUNKS;
+  float acc = 0.0f;
+  if (row < rows) {
+    const uint4 ov = reinterpret_cast<const uint4*>(o)[idx];
+    const uint4 dv = reinterpret_cast<const uint4*>(dout)[idx];
+    const auto* op = reinterpret_cast<const __nv_bfloat162*>(&ov);
+    const auto* dp = reinterpret_cast<const __nv_bfloat162*>(&dv);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 a = __bfloat1622float2(op[k]), c = __bfloat1622float2(dp[k]);
+      acc += a.x * c.x + a.y * c.y;
+    }
+  }
+#pragma unroll
+  for (int offset = CHUNKS / 2; offset > 0; offset /= 2) {
+    acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+  }
+  if (row < rows && idx % CHUNKS == 0) {
+    const int64_t b = row / (int64_t{seq_len} * heads);
+    const int i = static_cast<int>((row / heads) % seq_len), h = static_cast<int>(row % heads);
+    dsum[(b * heads + h) * seq_len + i] = acc;
   }
 }
 
-__global__ void convert_dq_kernel(const float* dq_accum, __nv_bfloat16* dq, int64_t n,
-                                  float scale) {
+// dq = dq_accum * scale in bf16, four values per thread.
+__global__ void convert_dq_kernel(const float4* dq_accum, uint2* dq, int64_t n4, float scale) {
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (i < n) dq[i] = __float2bfloat16_rn(dq_accum[i] * scale);
+  if (i >= n4) return;
+  const float4 v = dq_accum[i];
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x * scale, v.y * scale);
+  const __nv_bfloat162 hi = __floats2bfloat162_rn(v.z * scale, v.w * scale);
+  dq[i] =
+      make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
 }
 
 unsigned blocks_for(int64_t threads_needed, int block) {
@@ -83,6 +109,10 @@ const Bf16Kernels& bf16_kernels() {
     add_bf16_backward_d32(k);
     add_bf16_backward_d64(k);
     add_bf16_backward_d128(k);
+    add_wgmma_forward_d64(k);
+    add_wgmma_forward_d128(k);
+    add_wgmma_backward_d64(k);
+    add_wgmma_backward_d128(k);
     return k;
   }();
   return table;
@@ -137,12 +167,13 @@ void attach(FlashParams& fp, const DeviceSegments& s) {
 
 }  // namespace
 
-void flash_bf16_forward(const TileConfig& tile, const FlashParams& p, cudaStream_t stream) {
+void flash_bf16_forward(const TileConfig& tile, ForwardPath path, const FlashParams& p,
+                        cudaStream_t stream) {
   for (const auto& k : bf16_kernels().forward) {
-    if (k.head_dim == p.head_dim && k.tile == tile) return k.launch(p, stream);
+    if (k.head_dim == p.head_dim && k.tile == tile && k.path == path) return k.launch(p, stream);
   }
-  throw Error(str("attention: no compiled bf16 forward kernel for tile ", tile.str(),
-                  " and head dim ", p.head_dim));
+  throw Error(str("attention: no compiled bf16 forward kernel for tile ", tile.str(), "/",
+                  forward_path_name(path), " and head dim ", p.head_dim));
 }
 
 void flash_bf16_backward(const TileConfig& tile, BackwardPath path, const FlashParams& p,
@@ -168,7 +199,7 @@ ForwardOutput flash_forward(const Problem& p, const Tensor& q, const Tensor& k, 
   if (p.dtype == DType::f32) {
     flash_fp32_forward(fp, ft::cuda::current_stream());
   } else {
-    flash_bf16_forward(config.forward, fp, ft::cuda::current_stream());
+    flash_bf16_forward(config.forward, config.forward_path, fp, ft::cuda::current_stream());
   }
   return out;
 }
@@ -198,26 +229,45 @@ Gradients flash_backward(const Problem& p, const Tensor& q, const Tensor& k, con
   }
   const int64_t rows = p.batch * p.seq_len * p.q_heads;
   const cudaStream_t stream = ft::cuda::current_stream();
-  const unsigned blocks = blocks_for(rows * 32, 256);
-  if (bf16) {
-    backward_preprocess_kernel<<<blocks, 256, 0, stream>>>(
-        static_cast<const __nv_bfloat16*>(fwd.o.raw()),
-        static_cast<const __nv_bfloat16*>(dout.raw()), fp.dsum, fp.dq_accum, rows, fp.seq_len,
-        fp.q_heads, fp.head_dim);
-  } else {
-    backward_preprocess_kernel<<<blocks, 256, 0, stream>>>(fwd.o.data<float>(), dout.data<float>(),
-                                                           fp.dsum, nullptr, rows, fp.seq_len,
-                                                           fp.q_heads, fp.head_dim);
-  }
-  FT_CUDA_CHECK(cudaGetLastError());
   if (!bf16) {
+    backward_preprocess_fp32_kernel<<<blocks_for(rows * 32, 256), 256, 0, stream>>>(
+        fwd.o.data<float>(), dout.data<float>(), fp.dsum, rows, fp.seq_len, fp.q_heads,
+        fp.head_dim);
+    FT_CUDA_CHECK(cudaGetLastError());
     flash_fp32_backward(fp, stream);
     return g;
   }
-  flash_bf16_backward(config.backward, config.backward_path, fp, stream);
+  // bf16 head dims are multiples of 8 up to 256 (can_implement): 4 to 32 chunks of 8 per row.
+  const int chunks = static_cast<int>(p.head_dim / 8);
+  const auto* o_bf16 = static_cast<const __nv_bfloat16*>(fwd.o.raw());
+  const auto* do_bf16 = static_cast<const __nv_bfloat16*>(dout.raw());
+  const unsigned pre_blocks = blocks_for(rows * chunks, 256);
+  switch (chunks) {
+    case 4:
+      backward_preprocess_bf16_kernel<4>
+          <<<pre_blocks, 256, 0, stream>>>(o_bf16, do_bf16, fp.dsum, rows, fp.seq_len, fp.q_heads);
+      break;
+    case 8:
+      backward_preprocess_bf16_kernel<8>
+          <<<pre_blocks, 256, 0, stream>>>(o_bf16, do_bf16, fp.dsum, rows, fp.seq_len, fp.q_heads);
+      break;
+    case 16:
+      backward_preprocess_bf16_kernel<16>
+          <<<pre_blocks, 256, 0, stream>>>(o_bf16, do_bf16, fp.dsum, rows, fp.seq_len, fp.q_heads);
+      break;
+    case 32:
+      backward_preprocess_bf16_kernel<32>
+          <<<pre_blocks, 256, 0, stream>>>(o_bf16, do_bf16, fp.dsum, rows, fp.seq_len, fp.q_heads);
+      break;
+    default:
+      throw Error(str("attention: no bf16 backward preprocess for head dim ", p.head_dim));
+  }
+  FT_CUDA_CHECK(cudaGetLastError());
   const int64_t n = q.numel();
-  convert_dq_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(
-      fp.dq_accum, static_cast<__nv_bfloat16*>(fp.dq), n, fp.scale);
+  FT_CUDA_CHECK(cudaMemsetAsync(fp.dq_accum, 0, n * sizeof(float), stream));
+  flash_bf16_backward(config.backward, config.backward_path, fp, stream);
+  convert_dq_kernel<<<blocks_for(n / 4, 256), 256, 0, stream>>>(
+      reinterpret_cast<const float4*>(fp.dq_accum), static_cast<uint2*>(fp.dq), n / 4, fp.scale);
   FT_CUDA_CHECK(cudaGetLastError());
   return g;
 }

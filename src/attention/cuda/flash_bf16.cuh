@@ -40,11 +40,12 @@ namespace ft::attention::cuda {
 using ForwardLaunch = void (*)(const FlashParams&, cudaStream_t);
 using BackwardLaunch = void (*)(const FlashParams&, cudaStream_t);
 
-// The compiled bf16 kernels, filled by the per-head-dim files.
+// The compiled bf16 kernels (mma.sync and wgmma), filled by the per-head-dim files.
 struct Bf16Kernels {
   struct Forward {
     int head_dim;
     TileConfig tile;
+    ForwardPath path;
     ForwardLaunch launch;
   };
   struct Backward {
@@ -763,7 +764,8 @@ void launch_backward(const FlashParams& p, cudaStream_t stream) {
 template <int D>
 void add_forward_kernels(Bf16Kernels& k) {
 #define FT_ADD_FORWARD(m, n, t) \
-  k.forward.push_back({D, TileConfig{m, n, t}, &bf16_detail::launch_forward<D, m, n, t>});
+  k.forward.push_back(          \
+      {D, TileConfig{m, n, t}, ForwardPath::mma, &bf16_detail::launch_forward<D, m, n, t>});
   FT_FLASH_FORWARD_TILES(FT_ADD_FORWARD)
 #undef FT_ADD_FORWARD
 }

@@ -103,6 +103,33 @@ __device__ __forceinline__ int2 query_range(const FlashParams& p, int k0, int k1
   return r;
 }
 
+// The position part of the element-wise mask: key j exists, and causal and window let query i
+// see it.
+__device__ __forceinline__ bool allowed_position(const FlashParams& p, int i, int j) {
+  if (j >= p.seq_len) return false;
+  if (p.causal && j > i) return false;
+  if (p.window > 0 && j < i - (p.window - 1)) return false;
+  return true;
+}
+
+// The segment part, with both ids already read: a query that is padding (qid < 0) sees nothing,
+// and a key is seen only from its own segment.
+__device__ __forceinline__ bool same_segment(int qid, int kid) {
+  return qid >= 0 && qid == kid;
+}
+
+// Whether every position of [begin, end) has one segment id (no padding), and which: tiles
+// inside one document (the usual case of packed documents) need no per-key id.
+struct UniformSegment {
+  bool uniform;
+  int id;
+};
+__device__ __forceinline__ UniformSegment uniform_segment(const SegmentChunk* row, int begin,
+                                                          int end) {
+  const SegmentChunk s = combine_chunks(row, begin, end);
+  return {s.lowest == s.highest && !s.has_padding, s.lowest};
+}
+
 // The element-wise mask (attention.h allowed()), with the query's segment id already read
 // (qid; pass 0 without segments) and positions past the sequence end hidden.
 __device__ __forceinline__ bool allowed(const FlashParams& p, const int32_t* seg_row, int qid,

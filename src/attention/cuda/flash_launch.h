@@ -16,11 +16,12 @@ namespace ft::attention::cuda {
 void flash_fp32_forward(const FlashParams& p, cudaStream_t stream);
 void flash_fp32_backward(const FlashParams& p, cudaStream_t stream);
 
-// bf16 (flash_bf16_*.cu): tensor cores, the tiles of the configuration (can_implement() must
-// have accepted it). Forward writes o (bf16) and lse. Backward reads o, lse and dsum,
+// bf16 (flash_bf16_*.cu): tensor cores, the tiles and paths of the configuration (can_implement()
+// must have accepted it). Forward writes o (bf16) and lse. Backward reads o, lse and dsum,
 // accumulates dq in dq_accum (fp32, zeroed by the preprocess) and writes dk and dv (bf16);
 // flash.cu converts dq_accum into dq.
-void flash_bf16_forward(const TileConfig& tile, const FlashParams& p, cudaStream_t stream);
+void flash_bf16_forward(const TileConfig& tile, ForwardPath path, const FlashParams& p,
+                        cudaStream_t stream);
 void flash_bf16_backward(const TileConfig& tile, BackwardPath path, const FlashParams& p,
                          cudaStream_t stream);
 
