@@ -228,6 +228,7 @@ TEST_F(CudaFlashTest, RefusedConfigsFailWithTheReason) {
   const Tensor q = in.q.to(Device::cuda), k = in.k.to(Device::cuda), v = in.v.to(Device::cuda);
   KernelConfig bad_threads = default_config(DeviceLimits::current(), 64);
   bad_threads.forward = {64, 64, 96};  // 3 warps cannot split 64 rows into 16 or 32
+  bad_threads.forward_path = ForwardPath::mma;
   expect_error([&] { forward(Impl::flash, in.problem, q, k, v, {}, &bad_threads); },
                {"cannot run", "64x64/96", "warps"});
   KernelConfig too_big = default_config(DeviceLimits::current(), 64);
@@ -241,6 +242,7 @@ TEST_F(CudaFlashTest, RefusedConfigsFailWithTheReason) {
   if (!compiled_kernels().sweep_set) {
     KernelConfig not_compiled = default_config(DeviceLimits::current(), 64);
     not_compiled.forward = {256, 64, 256};
+    not_compiled.forward_path = ForwardPath::mma;
     expect_error([&] { forward(Impl::flash, in.problem, q, k, v, {}, &not_compiled); },
                  {"not compiled", "FLASHTRAIN_SWEEP_KERNELS=ON"});
   }

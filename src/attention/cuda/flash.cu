@@ -56,14 +56,18 @@ __global__ void backward_preprocess_fp32_kernel(const float* o, const float* dou
 }
 
 // The bf16 path: each thread takes 8 consecutive values (16 bytes) of O and dO, and the CHUNKS
-// threads of a row (head_dim / 8, a power of two up to 32) sum them with shuffles.
+// threads of a row (head_dim / 8, a power of two up to 32) sum them with shuffles; it also
+// zeroes the same 8 values of the dQ buffer (laid out like O).
 template <int CHUNKS>
 __global__ void backward_preprocess_bf16_kernel(const __nv_bfloat16* o, const __nv_bfloat16* dout,
-                                                float* dsum, int64_t rows, int seq_len, int heads) {
+                                                float* dsum, float4* dq_accum, int64_t rows,
+                                                int seq_len, int heads) {
   const int64_t idx = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   const int64_t row = idx / CHUNKS;
   float acc = 0.0f;
   if (row < rows) {
+    dq_accum[2 * idx] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    dq_accum[2 * idx + 1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     const uint4 ov = reinterpret_cast<const uint4*>(o)[idx];
     const uint4 dv = reinterpret_cast<const uint4*>(dout)[idx];
     const auto* op = reinterpret_cast<const __nv_bfloat162*>(&ov);
@@ -242,29 +246,29 @@ Gradients flash_backward(const Problem& p, const Tensor& q, const Tensor& k, con
   const auto* o_bf16 = static_cast<const __nv_bfloat16*>(fwd.o.raw());
   const auto* do_bf16 = static_cast<const __nv_bfloat16*>(dout.raw());
   const unsigned pre_blocks = blocks_for(rows * chunks, 256);
+  auto* dq4 = reinterpret_cast<float4*>(fp.dq_accum);
   switch (chunks) {
     case 4:
-      backward_preprocess_bf16_kernel<4>
-          <<<pre_blocks, 256, 0, stream>>>(o_bf16, do_bf16, fp.dsum, rows, fp.seq_len, fp.q_heads);
+      backward_preprocess_bf16_kernel<4><<<pre_blocks, 256, 0, stream>>>(
+          o_bf16, do_bf16, fp.dsum, dq4, rows, fp.seq_len, fp.q_heads);
       break;
     case 8:
-      backward_preprocess_bf16_kernel<8>
-          <<<pre_blocks, 256, 0, stream>>>(o_bf16, do_bf16, fp.dsum, rows, fp.seq_len, fp.q_heads);
+      backward_preprocess_bf16_kernel<8><<<pre_blocks, 256, 0, stream>>>(
+          o_bf16, do_bf16, fp.dsum, dq4, rows, fp.seq_len, fp.q_heads);
       break;
     case 16:
-      backward_preprocess_bf16_kernel<16>
-          <<<pre_blocks, 256, 0, stream>>>(o_bf16, do_bf16, fp.dsum, rows, fp.seq_len, fp.q_heads);
+      backward_preprocess_bf16_kernel<16><<<pre_blocks, 256, 0, stream>>>(
+          o_bf16, do_bf16, fp.dsum, dq4, rows, fp.seq_len, fp.q_heads);
       break;
     case 32:
-      backward_preprocess_bf16_kernel<32>
-          <<<pre_blocks, 256, 0, stream>>>(o_bf16, do_bf16, fp.dsum, rows, fp.seq_len, fp.q_heads);
+      backward_preprocess_bf16_kernel<32><<<pre_blocks, 256, 0, stream>>>(
+          o_bf16, do_bf16, fp.dsum, dq4, rows, fp.seq_len, fp.q_heads);
       break;
     default:
       throw Error(str("attention: no bf16 backward preprocess for head dim ", p.head_dim));
   }
   FT_CUDA_CHECK(cudaGetLastError());
   const int64_t n = q.numel();
-  FT_CUDA_CHECK(cudaMemsetAsync(fp.dq_accum, 0, n * sizeof(float), stream));
   flash_bf16_backward(config.backward, config.backward_path, fp, stream);
   convert_dq_kernel<<<blocks_for(n / 4, 256), 256, 0, stream>>>(
       reinterpret_cast<const float4*>(fp.dq_accum), static_cast<uint2*>(fp.dq), n / 4, fp.scale);

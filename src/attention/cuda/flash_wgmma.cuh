@@ -388,10 +388,13 @@ __global__ void __launch_bounds__(THREADS) wgmma_forward_kernel(const FlashParam
 #pragma unroll
       for (int r = 0; r < 4; ++r) pa[kk][r] = pa_next[kk][r];
     }
+    // Once the rows' maxima settle (most tiles), every alpha is 1 and the warp skips the pass.
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-    for (int dt = 0; dt < DT; ++dt) {
+      for (int dt = 0; dt < DT; ++dt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) o[4 * dt + e] *= alpha[e / 2];
+        for (int e = 0; e < 4; ++e) o[4 * dt + e] *= alpha[e / 2];
+      }
     }
     __syncthreads();  // every warpgroup's P V is done: V_{j-1}'s slot takes V_{j+1}
     if (next < kb_end) {
@@ -471,10 +474,13 @@ struct WgmmaBackwardTraits {
   static constexpr int kDqKeys = kDqSplitsColumns ? BN : 64;
   // K, V; per stage Q, dO (bf16) and lse, D (fp32); dS^T (bf16); alignment slack.
   static constexpr int kSmemBytes = 4 * D * BN + 2 * (4 * D * BM + 8 * BM) + 2 * BM * BN + 1024;
+  // Head dim 64 on one warpgroup fits three blocks per SM (at most 170 registers a thread).
+  static constexpr int kMinBlocks = D == 64 && kGroups == 1 ? 3 : 1;
 };
 
 template <int D, int BM, int BN, int THREADS, bool SEG>
-__global__ void __launch_bounds__(THREADS) wgmma_backward_kernel(const FlashParams p) {
+__global__ void __launch_bounds__(THREADS, (WgmmaBackwardTraits<D, BM, BN, THREADS>::kMinBlocks))
+    wgmma_backward_kernel(const FlashParams p) {
 #ifdef FT_WGMMA_ENABLED
   using T = WgmmaBackwardTraits<D, BM, BN, THREADS>;
   constexpr int QT = BM / 8, DT = D / 8;
