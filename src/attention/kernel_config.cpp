@@ -158,9 +158,13 @@ const DeviceLimits& DeviceLimits::current() {
 constexpr int64_t kWgmmaAlignSlack = 1024;
 
 int64_t forward_smem_bytes(const TileConfig& t, ForwardPath path, int64_t head_dim) {
-  // Q tile, plus K and V tiles in two stages each; bf16.
-  const int64_t tiles = 2 * head_dim * (t.block_m + 4 * int64_t{t.block_n});
-  return path == ForwardPath::wgmma ? tiles + kWgmmaAlignSlack : tiles;
+  // Q tile, plus K and V tiles in two stages each; bf16. The wgmma kernel on one warpgroup (64
+  // query rows) keeps a single K slot.
+  if (path == ForwardPath::wgmma) {
+    const int64_t k_slots = t.block_m == 64 ? 1 : 2;
+    return 2 * head_dim * (t.block_m + (k_slots + 2) * int64_t{t.block_n}) + kWgmmaAlignSlack;
+  }
+  return 2 * head_dim * (t.block_m + 4 * int64_t{t.block_n});
 }
 
 int64_t backward_smem_bytes(const TileConfig& t, BackwardPath path, int64_t head_dim) {
@@ -393,13 +397,15 @@ struct DefaultRow {
 
 // Rows are searched in order: the first of the family whose head-dim bound and mask class fit.
 // sm90: the wgmma paths (head dims 64 and 128), measured with bench/attention_gpu.sh on an H200
-// (docs/PERF.md): at B=32 S=4096 Hq=16 Hkv=4 D=128 causal the 128-row forward and the 128-key
-// backward (6.26 / 16.8 ms; 64-row tiles 6.69 / 19.2 ms); with a window of 512 and 5 documents
-// and at the GPT-2 shape (D=64) the 64-row tiles (2.58 / 5.98 ms and 0.075 / 0.214 ms; 128-row
-// tiles 3.54 / 6.51 ms and 0.089 / 0.253 ms). Head dim 32 keeps the mma.sync rows, the fastest
-// correct of `flashtrain sweep --all-paths` before the wgmma path (docs/SWEEP.md). sm100 takes
-// sm90's mma.sync rows unmeasured (wgmma is sm90 only), sm80 the same tiles (they fit its shared
-// memory); sm86/89 and sm120 (99 KB per block) the small tiles with the single-stage backward.
+// (docs/PERF.md, 2026-11-30): at B=32 S=4096 Hq=16 Hkv=4 D=128 causal the 128-row forward and
+// the 128-key backward (6.16 / 16.9 ms; 64-row tiles 6.43 / 19.7 ms); with a window of 512 and
+// 5 documents the 64x64 tiles (2.14 / 6.05 ms; 128-row tiles 3.42 / 6.58 ms, a 64x128 forward
+// 3.14 ms); at the GPT-2 shape (D=64 causal) a 64x128 forward and the 64x64 backward (0.070 /
+// 0.196 ms; 64x64 forward 0.075 ms, 128-row tiles 0.089 / 0.252 ms). Head dim 32 keeps the
+// mma.sync rows, the fastest correct of `flashtrain sweep --all-paths` before the wgmma path
+// (docs/SWEEP.md). sm100 takes sm90's mma.sync rows unmeasured (wgmma is sm90 only), sm80 the
+// same tiles (they fit its shared memory); sm86/89 and sm120 (99 KB per block) the small tiles
+// with the single-stage backward.
 constexpr DefaultRow kDefaults[] = {
     {"sm80", 256, MaskClass::dense, "fwd=128x64/128 bwd=64x128/256/double"},
     {"sm80", 256, MaskClass::local, "fwd=64x64/128 bwd=64x64/128/double"},
@@ -407,7 +413,7 @@ constexpr DefaultRow kDefaults[] = {
     {"sm86", 256, MaskClass::local, "fwd=64x64/128 bwd=64x64/128/single"},
     {"sm90", 32, MaskClass::dense, "fwd=128x64/128 bwd=64x128/256/double"},
     {"sm90", 32, MaskClass::local, "fwd=64x64/128 bwd=64x64/128/double"},
-    {"sm90", 64, MaskClass::dense, "fwd=64x64/128/wgmma bwd=64x64/128/wgmma"},
+    {"sm90", 64, MaskClass::dense, "fwd=64x128/128/wgmma bwd=64x64/128/wgmma"},
     {"sm90", 256, MaskClass::dense, "fwd=128x128/256/wgmma bwd=64x128/256/wgmma"},
     {"sm90", 256, MaskClass::local, "fwd=64x64/128/wgmma bwd=64x64/128/wgmma"},
     {"sm100", 256, MaskClass::dense, "fwd=128x64/128 bwd=64x128/256/double"},

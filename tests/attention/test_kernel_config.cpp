@@ -77,6 +77,9 @@ TEST(KernelConfig, SharedMemoryPlans) {
   // wgmma: the same tiles, double-buffered, plus 1024 B to align the swizzled panels.
   EXPECT_EQ(forward_smem_bytes({128, 128, 256}, ForwardPath::wgmma, 128),
             2 * 128 * (128 + 512) + 1024);
+  // One warpgroup: a single K slot, so that three blocks share an SM.
+  EXPECT_EQ(forward_smem_bytes({64, 64, 128}, ForwardPath::wgmma, 128),
+            2 * 128 * (64 + 3 * 64) + 1024);
   EXPECT_EQ(backward_smem_bytes({64, 128, 256}, BackwardPath::wgmma, 128),
             backward_smem_bytes({64, 128, 256}, BackwardPath::double_buffered, 128) + 1024);
 }
@@ -188,7 +191,7 @@ TEST(KernelConfig, DefaultsDependOnTheMaskClass) {
   EXPECT_EQ(mask_class_of(p.mask), MaskClass::dense);
   EXPECT_EQ(default_config(sm90, p).str(), "fwd=128x128/256/wgmma bwd=64x128/256/wgmma");
   EXPECT_EQ(default_config(sm90, 64, MaskClass::dense).str(),
-            "fwd=64x64/128/wgmma bwd=64x64/128/wgmma");
+            "fwd=64x128/128/wgmma bwd=64x64/128/wgmma");
   EXPECT_EQ(default_config(sm90, 32, MaskClass::dense).str(),
             "fwd=128x64/128 bwd=64x128/256/double")
       << "head dim 32 has no wgmma kernels";

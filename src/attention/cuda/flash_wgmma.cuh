@@ -214,18 +214,26 @@ struct WgmmaForwardTraits {
   static_assert(THREADS % 128 == 0 && BM == 64 * kGroups, "one warpgroup per 64 query rows");
   static_assert(BN == 64 || BN == 128, "key tiles of 64 or 128");
   static_assert(D == 64 || D == 128, "head dim 64 or 128");
-  // Q, two stages of K and V, and the alignment slack.
-  static constexpr int kSmemBytes = 2 * D * (BM + 4 * BN) + 1024;
+  // One warpgroup keeps a single K slot (the next K tile loads once S of this one is done), so
+  // that three blocks fit an SM; wider blocks double-buffer K. V always has two slots.
+  static constexpr int kKSlots = kGroups == 1 ? 1 : 2;
+  // Q, the K and V slots, and the alignment slack.
+  static constexpr int kSmemBytes = 2 * D * (BM + (kKSlots + 2) * BN) + 1024;
+  // Registers for as many one-warpgroup blocks as shared memory (227 KB per SM) lets in.
+  static constexpr int kMinBlocks = kGroups > 1 ? 1
+                                                : (3 * (kSmemBytes + 1024) <= 227 * 1024 ? 3 : 2);
 };
 
 template <int D, int BM, int BN, int THREADS, bool SEG>
-__global__ void __launch_bounds__(THREADS) wgmma_forward_kernel(const FlashParams p) {
+__global__ void __launch_bounds__(THREADS, (WgmmaForwardTraits<D, BM, BN, THREADS>::kMinBlocks))
+    wgmma_forward_kernel(const FlashParams p) {
 #ifdef FT_WGMMA_ENABLED
   constexpr int NT = BN / 8, DT = D / 8;
+  constexpr int KS = WgmmaForwardTraits<D, BM, BN, THREADS>::kKSlots;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   __nv_bfloat16* q_s = aligned_smem(smem_raw);
-  __nv_bfloat16* k_s = q_s + BM * D;  // [2][BN][D]
-  __nv_bfloat16* v_s = k_s + 2 * BN * D;
+  __nv_bfloat16* k_s = q_s + BM * D;       // [KS][BN][D]
+  __nv_bfloat16* v_s = k_s + KS * BN * D;  // [2][BN][D]
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32 % 4, group = threadIdx.x / 128;
   const int q_block = gridDim.x - 1 - blockIdx.x;  // most keys first
@@ -289,19 +297,23 @@ __global__ void __launch_bounds__(THREADS) wgmma_forward_kernel(const FlashParam
   uint32_t pa[BN / 16][4];  // P of the previous tile, waiting for its product with V
   int it = 0;
   for (; kb < kb_end; ++it) {
-    const int slot = it % 2;
+    const int slot = it % 2, k_slot_index = KS == 2 ? slot : 0;
     Cover next_cover = Cover::hidden;
     const int next = next_tile(kb + 1, next_cover);
-    if (next < kb_end) {
-      load_panels<BN, D, THREADS>(k_s + (slot ^ 1) * BN * D, k_base, kv_stride, next * BN, S);
+    if (KS == 2) {
+      if (next < kb_end) {
+        load_panels<BN, D, THREADS>(k_s + (slot ^ 1) * BN * D, k_base, kv_stride, next * BN, S);
+      }
+      cp_async_commit();
+      cp_async_wait<2>();  // K_j (and V_{j-1}) have landed; V_j and K_{j+1} may be in flight
+    } else {
+      cp_async_wait<1>();  // K_j (and V_{j-1}) have landed; V_j may be in flight
     }
-    cp_async_commit();
-    cp_async_wait<2>();  // K_j (and V_{j-1}) have landed; V_j and K_{j+1} may be in flight
     fence_smem_for_wgmma();
     __syncthreads();
 
     const int k0 = kb * BN;
-    const uint64_t k_slot = advance(k_desc, slot * kSlotBytes);
+    const uint64_t k_slot = advance(k_desc, k_slot_index * kSlotBytes);
     const uint64_t v_prev = advance(v_desc, (slot ^ 1) * kSlotBytes);
 
     // S = Q K^T: both K-major; a 16-column step moves 32 bytes along a panel row.
@@ -327,6 +339,11 @@ __global__ void __launch_bounds__(THREADS) wgmma_forward_kernel(const FlashParam
     wg_commit();
     wg_wait<1>();
     pin(s);
+    if (KS == 1) {  // S_j is done with the only K slot: K_{j+1} loads during the softmax
+      __syncthreads();
+      if (next < kb_end) load_panels<BN, D, THREADS>(k_s, k_base, kv_stride, next * BN, S);
+      cp_async_commit();
+    }
 
     if (k0 + BN > S || cover == Cover::partial) {
       // Keys of one document (no padding) share an id; otherwise each key's id is read.
