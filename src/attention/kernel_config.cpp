@@ -160,9 +160,11 @@ constexpr int64_t kWgmmaAlignSlack = 1024;
 int64_t forward_smem_bytes(const TileConfig& t, ForwardPath path, int64_t head_dim) {
   // Q tile, plus K and V tiles in two stages each; bf16. The wgmma kernel on one warpgroup (64
   // query rows) keeps a single K slot.
+  // It also keeps a table of 256 key-tile covers and segment ids (5 B each).
   if (path == ForwardPath::wgmma) {
     const int64_t k_slots = t.block_m == 64 ? 1 : 2;
-    return 2 * head_dim * (t.block_m + (k_slots + 2) * int64_t{t.block_n}) + kWgmmaAlignSlack;
+    return 2 * head_dim * (t.block_m + (k_slots + 2) * int64_t{t.block_n}) + 5 * 256 +
+           kWgmmaAlignSlack;
   }
   return 2 * head_dim * (t.block_m + 4 * int64_t{t.block_n});
 }

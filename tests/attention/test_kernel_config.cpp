@@ -75,11 +75,12 @@ TEST(KernelConfig, SharedMemoryPlans) {
   EXPECT_EQ(backward_smem_bytes({64, 128, 256}, BackwardPath::single, 128),
             4 * 128 * 128 + (4 * 128 * 64 + 8 * 64) + 2 * 64 * 128);
   // wgmma: the same tiles, double-buffered, plus 1024 B to align the swizzled panels.
+  // wgmma forward: also a 256-entry key-tile table (5 B each).
   EXPECT_EQ(forward_smem_bytes({128, 128, 256}, ForwardPath::wgmma, 128),
-            2 * 128 * (128 + 512) + 1024);
+            2 * 128 * (128 + 512) + 1280 + 1024);
   // One warpgroup: a single K slot, so that three blocks share an SM.
   EXPECT_EQ(forward_smem_bytes({64, 64, 128}, ForwardPath::wgmma, 128),
-            2 * 128 * (64 + 3 * 64) + 1024);
+            2 * 128 * (64 + 3 * 64) + 1280 + 1024);
   EXPECT_EQ(backward_smem_bytes({64, 128, 256}, BackwardPath::wgmma, 128),
             backward_smem_bytes({64, 128, 256}, BackwardPath::double_buffered, 128) + 1024);
 }

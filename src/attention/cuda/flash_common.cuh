@@ -69,14 +69,15 @@ __device__ __forceinline__ SegmentChunk combine_chunks(const SegmentChunk* row, 
 // Queries [q0, q1) x keys [k0, k1) (q0 and k0 multiples of 16; q1, k1 at most seq_len). The
 // query block's chunks are combined once by the caller. Mirrors classify_tile() in
 // mask_bounds.h; keys past the sequence end are the caller's to mask.
-__device__ __forceinline__ Cover classify(const FlashParams& p, const SegmentChunk* seg_row,
-                                          const SegmentChunk& q_span, int q0, int q1, int k0,
-                                          int k1) {
+// The same with the key tile's chunks already combined (k_span; ignored without segments).
+__device__ __forceinline__ Cover classify_spans(const FlashParams& p, bool segments,
+                                                const SegmentChunk& q_span,
+                                                const SegmentChunk& k_span, int q0, int q1, int k0,
+                                                int k1) {
   if (p.causal && k0 > q1 - 1) return Cover::hidden;
   if (p.window > 0 && k1 - 1 < q0 - (p.window - 1)) return Cover::hidden;
   bool segments_full = true;
-  if (seg_row != nullptr) {
-    const SegmentChunk k_span = combine_chunks(seg_row, k0, k1);
+  if (segments) {
     if (q_span.highest < q_span.lowest || k_span.highest < k_span.lowest) return Cover::hidden;
     if (q_span.highest < k_span.lowest || k_span.highest < q_span.lowest) return Cover::hidden;
     segments_full = !q_span.has_padding && !k_span.has_padding && q_span.lowest == q_span.highest &&
@@ -85,6 +86,14 @@ __device__ __forceinline__ Cover classify(const FlashParams& p, const SegmentChu
   const bool causal_full = !p.causal || k1 - 1 <= q0;
   const bool window_full = p.window <= 0 || k0 >= (q1 - 1) - (p.window - 1);
   return causal_full && window_full && segments_full ? Cover::full : Cover::partial;
+}
+
+__device__ __forceinline__ Cover classify(const FlashParams& p, const SegmentChunk* seg_row,
+                                          const SegmentChunk& q_span, int q0, int q1, int k0,
+                                          int k1) {
+  const SegmentChunk k_span =
+      seg_row != nullptr ? combine_chunks(seg_row, k0, k1) : SegmentChunk{0, 0, 0, 0};
+  return classify_spans(p, seg_row != nullptr, q_span, k_span, q0, q1, k0, k1);
 }
 
 // Key range [begin, end) that queries [q0, q1) may see under causal and window.

@@ -217,8 +217,11 @@ struct WgmmaForwardTraits {
   // One warpgroup keeps a single K slot (the next K tile loads once S of this one is done), so
   // that three blocks fit an SM; wider blocks double-buffer K. V always has two slots.
   static constexpr int kKSlots = kGroups == 1 ? 1 : 2;
-  // Q, the K and V slots, and the alignment slack.
-  static constexpr int kSmemBytes = 2 * D * (BM + (kKSlots + 2) * BN) + 1024;
+  // With segment ids, the covers of up to kTileTable key tiles are classified up front.
+  static constexpr int kTileTable = 256;
+  // Q, the K and V slots, the tile table (a cover byte and a key-segment id per tile), and the
+  // alignment slack.
+  static constexpr int kSmemBytes = 2 * D * (BM + (kKSlots + 2) * BN) + 5 * kTileTable + 1024;
   // Registers for as many one-warpgroup blocks as shared memory (227 KB per SM) lets in.
   static constexpr int kMinBlocks = kGroups > 1 ? 1
                                                 : (3 * (kSmemBytes + 1024) <= 227 * 1024 ? 3 : 2);
@@ -251,11 +254,29 @@ __global__ void __launch_bounds__(THREADS, (WgmmaForwardTraits<D, BM, BN, THREAD
   const SegmentChunk q_span =
       chunk_row ? combine_chunks(chunk_row, q0, q1) : SegmentChunk{0, 0, 0, 0};
   const int2 keys = key_range(p, q0, q1);
-  const int kb_end = (keys.y + BN - 1) / BN;
+  const int kb_begin = keys.x / BN, kb_end = (keys.y + BN - 1) / BN;
+  // With segment ids, classifying a key tile reads its chunk summaries from global memory; done
+  // tile by tile in the loop, every iteration would wait for those loads. So the threads
+  // classify all of the block's key tiles at once into a table (when they fit it): the cover,
+  // and the tile's segment id when all its keys share one (-1 otherwise).
+  constexpr int kTable = WgmmaForwardTraits<D, BM, BN, THREADS>::kTileTable;
+  auto* table_id = reinterpret_cast<int*>(v_s + 2 * BN * D);
+  auto* table_cover = reinterpret_cast<int8_t*>(table_id + kTable);
+  const bool use_table = SEG && kb_end - kb_begin <= kTable;
+  if (use_table) {
+    for (int t = threadIdx.x; t < kb_end - kb_begin; t += THREADS) {
+      const int k0 = (kb_begin + t) * BN, k1 = min(k0 + BN, S);
+      const SegmentChunk k_span = combine_chunks(chunk_row, k0, k1);
+      table_cover[t] = static_cast<int8_t>(classify_spans(p, true, q_span, k_span, q0, q1, k0, k1));
+      table_id[t] = k_span.lowest == k_span.highest && !k_span.has_padding ? k_span.lowest : -1;
+    }
+    __syncthreads();
+  }
   auto next_tile = [&](int kb, Cover& cover) {
     for (; kb < kb_end; ++kb) {
       const int k0 = kb * BN;
-      cover = classify(p, chunk_row, q_span, q0, q1, k0, min(k0 + BN, S));
+      cover = use_table ? static_cast<Cover>(table_cover[kb - kb_begin])
+                        : classify(p, chunk_row, q_span, q0, q1, k0, min(k0 + BN, S));
       if (cover != Cover::hidden) break;
     }
     return kb;
@@ -280,7 +301,7 @@ __global__ void __launch_bounds__(THREADS, (WgmmaForwardTraits<D, BM, BN, THREAD
   // V_{j+1} at the end (its slot held V_{j-1}, read by the P V of this iteration).
   load_panels<BM, D, THREADS>(q_s, q_base, q_stride, q0, S);
   Cover cover = Cover::hidden;
-  int kb = next_tile(keys.x / BN, cover);
+  int kb = next_tile(kb_begin, cover);
   if (kb < kb_end) load_panels<BN, D, THREADS>(k_s, k_base, kv_stride, kb * BN, S);
   cp_async_commit();
   if (kb < kb_end) load_panels<BN, D, THREADS>(v_s, v_base, kv_stride, kb * BN, S);
@@ -347,8 +368,15 @@ __global__ void __launch_bounds__(THREADS, (WgmmaForwardTraits<D, BM, BN, THREAD
 
     if (k0 + BN > S || cover == Cover::partial) {
       // Keys of one document (no padding) share an id; otherwise each key's id is read.
-      const UniformSegment keys_seg =
-          SEG ? uniform_segment(chunk_row, k0, min(k0 + BN, S)) : UniformSegment{true, 0};
+      UniformSegment keys_seg{true, 0};
+      if (SEG) {
+        if (use_table) {
+          const int id = table_id[kb - kb_begin];
+          keys_seg = {id >= 0, id};
+        } else {
+          keys_seg = uniform_segment(chunk_row, k0, min(k0 + BN, S));
+        }
+      }
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
