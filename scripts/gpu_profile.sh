@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine, from the repository root, over binaries built by scripts/build_gpu.sh
+# and carried as build-gpu/carry.tar.xz: Nsight Compute on one launch of a flash kernel inside
+# bench_attention_gpu, and a per-opcode count of the executed instructions and stall samples
+# (the figures docs/PERF.md quotes). Logs and reports under $OUT (default ./gpu-out/profile).
+#
+#   scripts/gpu_profile.sh                                  # wgmma forward and backward, hero causal, B=4
+#   KERNELS=forward CASE=hero-window-docs CONFIG='fwd=64x64/128/wgmma bwd=64x64/128/wgmma' \
+#     scripts/gpu_profile.sh
+#   SECTIONS='--section SpeedOfLight --section WarpStateStats' scripts/gpu_profile.sh   # lighter
+#
+# KERNELS: forward and/or backward (matched as wgmma_<kernel>_kernel, or set KERNEL_REGEX);
+# CASE, BATCH (default 4), CONFIG: passed to bench_attention_gpu; SECTIONS: ncu's sections
+# (default: --set full with source counters).
+set -uo pipefail
+out="${OUT:-gpu-out}/profile"
+mkdir -p "$out"
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export PATH="/usr/local/cuda/bin:$PATH"
+# Source-level counters find the sources through the path compiled into the binaries.
+if [ ! -e /work/main/src ]; then mkdir -p /work && ln -sfn "$PWD" /work/main; fi
+[ -d build-gpu/carry ] || tar -C build-gpu -xJf build-gpu/carry.tar.xz || exit 1
+command -v ncu >/dev/null || { echo "ncu not found (Nsight Compute)"; exit 2; }
+ncu --version | tail -1
+status=0
+for k in ${KERNELS:-forward backward}; do
+  regex="${KERNEL_REGEX:-wgmma_${k}_kernel}"
+  # shellcheck disable=SC2086
+  ncu ${SECTIONS:---set full --import-source yes} -k "regex:$regex" -c 1 -f -o "$out/$k" \
+    build-gpu/carry/bench_attention_gpu --case "${CASE:-hero-causal}" --batch "${BATCH:-4}" \
+    --impl flash --config "${CONFIG:-fwd=128x128/256/wgmma bwd=64x128/256/wgmma}" \
+    --warmup 0 --iters 1 >"$out/${k}_run.log" 2>&1 || { echo "ncu $k failed"; status=1; continue; }
+  ncu -i "$out/$k.ncu-rep" --page details --print-details all >"$out/${k}_details.txt" 2>&1
+  ncu -i "$out/$k.ncu-rep" --page source --csv --print-source sass >"$out/${k}_sass.csv" 2>&1
+  echo "== $k ($regex)"
+  grep -E "Duration|SM Frequency|Pipe Tensor Cycles Active  |Executed Instructions  |Issued Warp Per Scheduler|Registers Per Thread|Achieved Occupancy" \
+    "$out/${k}_details.txt" | awk '!seen[$1 $2 $3]++' | head -12
+  python3 - "$out/${k}_sass.csv" <<'PY'
+import collections, csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+if len(rows) < 3 or "Instructions Executed" not in rows[1]:
+    sys.exit(0)  # no source page (e.g. a section set without source counters)
+hdr = rows[1]
+ie, src = hdr.index("Instructions Executed"), hdr.index("Source")
+st = hdr.index("Warp Stall Sampling (All Samples)")
+count, stall = collections.Counter(), collections.Counter()
+for r in rows[2:]:
+    if len(r) <= max(ie, st) or not r[ie].isdigit():
+        continue
+    words = r[src].split()
+    op = (words[1] if words[0].startswith("@") else words[0]).split(".")[0]
+    count[op] += int(r[ie])
+    stall[op] += int(r[st] or 0)
+total, samples = sum(count.values()), max(1, sum(stall.values()))
+print(f"executed warp instructions {total:,}; by opcode (share, stall-sample share):")
+for op, n in count.most_common(15):
+    print(f"  {op:12s} {100 * n / total:5.1f}%  {100 * stall[op] / samples:5.1f}%")
+PY
+done
+exit $status
