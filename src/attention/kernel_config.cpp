@@ -215,10 +215,9 @@ const CompiledKernels& compiled_kernels() {
 }
 
 std::vector<TileConfig> sweep_forward_tiles(ForwardPath path) {
-  // wgmma: one warpgroup per 64 query rows, key tiles of 64 or 128.
-  if (path == ForwardPath::wgmma) {
-    return {{64, 64, 128}, {64, 128, 128}, {128, 64, 256}, {128, 128, 256}, {192, 64, 384}};
-  }
+  // wgmma: one warpgroup per 64 query rows, key tiles of 64 or 128; the tiles that have run
+  // the GPU tests (128x64/256 measured slower than both neighbours and was dropped).
+  if (path == ForwardPath::wgmma) return {{64, 64, 128}, {64, 128, 128}, {128, 128, 256}};
   // One thread count per forward tile (16 or 32 query rows per warp), and:
   // 128x64 also with 16 rows per warp (fewer registers, more warps).
   return {{64, 64, 128},  {64, 128, 128},  {128, 32, 128}, {128, 64, 128},

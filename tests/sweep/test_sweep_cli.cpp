@@ -52,11 +52,11 @@ TEST(SweepCli, DryRunSm90ListsEveryCandidateWithVerdicts) {
   EXPECT_NE(r.output.find("base config (the default): fwd=128x128/256/wgmma bwd=64x128/256/wgmma"),
             std::string::npos);
   EXPECT_NE(r.output.find("reference row: fwd=64x64/128 bwd=64x64/128/wgmma"), std::string::npos);
-  // The reference, the base, 12 more forward tiles (8 mma, 4 more wgmma) and the other wgmma
+  // The reference, the base, 10 more forward tiles (8 mma, 2 more wgmma) and the other wgmma
   // backward tile.
-  EXPECT_EQ(table_rows(r.output), 15) << r.output;
+  EXPECT_EQ(table_rows(r.output), 13) << r.output;
   EXPECT_GE(count(r.output, "can run"), 3);  // ref, base and 64x64 forward are always compiled
-  EXPECT_NE(r.output.find("15 rows"), std::string::npos);
+  EXPECT_NE(r.output.find("13 rows"), std::string::npos);
 
   // Every path: the mma.sync backward tiles too, refused with can_implement's reasons.
   const test::CommandResult all = test::run_cli("sweep --dry-run --arch sm90 --all-paths");
@@ -68,7 +68,7 @@ TEST(SweepCli, DryRunSm90ListsEveryCandidateWithVerdicts) {
             std::string::npos)
       << all.output;
   if (!attention::compiled_kernels().sweep_set) {
-    EXPECT_NE(all.output.find("refused: forward tile 192x64/384/wgmma is not compiled"),
+    EXPECT_NE(all.output.find("refused: forward tile 256x64/256 is not compiled"),
               std::string::npos)
         << all.output;
   }
