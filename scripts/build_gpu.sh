@@ -14,6 +14,8 @@ for b in flashtrain test_core test_nn test_attention test_models test_train test
   bench_attention_gpu; do
   strip -o "build-gpu/carry/$b" "build-gpu/$b"
 done
+# The commit the binaries come from (scripts/run_matrix.py records it): "<hash>" or "<hash> dirty".
+{ git rev-parse HEAD; git diff --quiet HEAD -- || echo dirty; } | paste -sd' ' >build-gpu/carry/GIT_COMMIT
 # The device tool carries at most 64 MiB: pack the binaries (about 165 MB raw, 15-20 MB packed).
 tar -C build-gpu -cJf build-gpu/carry.tar.xz carry
 ls -la build-gpu/carry.tar.xz

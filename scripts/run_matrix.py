@@ -223,6 +223,12 @@ def environment(cli, config_path):
         pass
     commit = capture(["git", "rev-parse", "HEAD"])
     dirty = capture(["git", "status", "--porcelain", "--untracked-files=no"])
+    commit_source = "checkout" if commit else None
+    # Binaries carried to another machine (scripts/build_gpu.sh) name the commit they were built
+    # from in GIT_COMMIT beside them ("<hash>" or "<hash> dirty"): that one, not the checkout's.
+    built = binary_commit(cli)
+    if built is not None:
+        commit, dirty, commit_source = built[0], ("dirty" if built[1] else ""), "binary"
     return {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "host": platform.node(),
@@ -240,9 +246,23 @@ def environment(cli, config_path):
         "compilers_cmake": cmake_compilers(cli),
         "git_commit": commit or os.environ.get("FLASHTRAIN_GIT_COMMIT"),
         "git_dirty": (dirty != "") if commit is not None and dirty is not None else None,
+        "git_commit_source": commit_source,
         "cli": cli,
         "config": os.path.abspath(config_path),
     }
+
+
+def binary_commit(cli):
+    """(hash, dirty) from the GIT_COMMIT file beside the CLI binary, or None."""
+    path = os.path.join(os.path.dirname(os.path.abspath(cli)), "GIT_COMMIT")
+    try:
+        with open(path) as f:
+            words = f.read().split()
+    except OSError:
+        return None
+    if not words:
+        return None
+    return words[0], "dirty" in words[1:]
 
 
 # ---- running ----

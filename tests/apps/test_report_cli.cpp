@@ -247,6 +247,30 @@ TEST(RunMatrix, CpuSmokeConfigRunsComparesAndSummarizes) {
   EXPECT_TRUE(contains(r.output, "matrix: 8/8 cases ran")) << r.output;
 }
 
+// Binaries carried to the GPU machine name their commit in GIT_COMMIT beside them
+// (scripts/build_gpu.sh); the environment record takes it over the checkout's.
+TEST(RunMatrix, RecordsTheCommitTheBinaryWasBuiltFrom) {
+  if (!have_python()) GTEST_SKIP() << "python3 not found";
+  test::TempDir dir;
+  fs::create_symlink(FLASHTRAIN_CLI, dir.path() / "flashtrain");
+  std::ofstream(dir.file("GIT_COMMIT")) << "0123abcd dirty\n";
+  std::ofstream(dir.file("config.json")) << R"({
+    "defaults": {"device": "cpu", "batch": 1, "seq_len": 8, "steps": 1,
+                 "flags": ["--val-data", "", "--sample-tokens", "0"]},
+    "cases": [{"name": "tiny", "model": "gpt2-tiny", "dtype": "fp32"}],
+    "groups": {"baseline": {"attention": "naive"}}
+  })";
+  const fs::path logdir = dir.path() / "logs";
+  const test::CommandResult r = test::run_shell(
+      "OMP_NUM_THREADS=2 python3 scripts/run_matrix.py '" + dir.file("config.json") +
+      "' --logdir '" + logdir.string() + "' --cli '" + dir.file("flashtrain") + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json env = nlohmann::json::parse(read_file(logdir / "environment.json"));
+  EXPECT_EQ(env["git_commit"], "0123abcd") << env.dump();
+  EXPECT_EQ(env["git_dirty"], true);
+  EXPECT_EQ(env["git_commit_source"], "binary");
+}
+
 TEST(RunMatrix, GoesOnPastAFailedCaseAndSaysSo) {
   if (!have_python()) GTEST_SKIP() << "python3 not found";
   test::TempDir dir;
