@@ -184,6 +184,7 @@ LoggedStep json_step(const json& j) {
   r.tokens_per_second = optional_number(j, "tok_per_s");
   r.peak_used_mb = optional_number(j, "peak_used_mb");
   r.peak_reserved_mb = optional_number(j, "peak_reserved_mb");
+  r.grad_norm = optional_number(j, "grad_norm");
   return r;
 }
 

@@ -29,6 +29,7 @@ struct LoggedStep {
   int64_t line = 0;         // 1-based line in the file, for messages
   double train_loss = 0.0;  // may be NaN or Inf in a text log: a comparison then fails
   std::optional<double> lr, ms, tokens_per_second, peak_used_mb, peak_reserved_mb;
+  std::optional<double> grad_norm;  // our JSON lines only
 };
 
 enum class LogFormat { json_lines, text };

@@ -15,6 +15,8 @@ namespace ft::train {
 namespace {
 
 constexpr size_t kStepsShownPerFailure = 3;
+// A step whose baseline gradient norm is this many times the run's median is called a spike.
+constexpr double kSpikeRatio = 10.0;
 // A declared total this far past the logged steps is a typo, not steps to expect.
 constexpr int64_t kMaxExpectedSteps = 1'000'000;
 
@@ -167,6 +169,10 @@ LossComparison compare_losses(const CasePair& pair, const LossThresholds& thresh
 
   const std::map<int64_t, double> base = losses_by_step(*pair.base);
   const std::map<int64_t, double> test = losses_by_step(*pair.test);
+  std::map<int64_t, double> base_grad_norms;
+  for (const LoggedStep& s : pair.base->steps) {
+    if (s.grad_norm && std::isfinite(*s.grad_norm)) base_grad_norms[s.step] = *s.grad_norm;
+  }
   for (int64_t step : expected_steps(*pair.base, *pair.test)) {
     const auto b = base.find(step);
     const auto t = test.find(step);
@@ -186,6 +192,23 @@ LossComparison compare_losses(const CasePair& pair, const LossThresholds& thresh
       if (c.first_over.size() < kStepsShownPerFailure) {
         c.first_over.push_back({step, b->second, t->second, diff});
       }
+    }
+  }
+  // Gradient-norm context for the steps over the threshold: the norm, and its ratio to the
+  // median over the steps both sides logged.
+  std::vector<double> norms;
+  for (const auto& [step, loss] : test) {
+    const auto g = base_grad_norms.find(step);
+    if (g != base_grad_norms.end()) norms.push_back(g->second);
+  }
+  if (!norms.empty()) {
+    std::nth_element(norms.begin(), norms.begin() + norms.size() / 2, norms.end());
+    const double median = norms[norms.size() / 2];
+    for (StepDifference& d : c.first_over) {
+      const auto g = base_grad_norms.find(d.step);
+      if (g == base_grad_norms.end()) continue;
+      d.base_grad_norm = g->second;
+      if (median > 0.0) d.grad_norm_ratio = g->second / median;
     }
   }
   return c;
@@ -241,7 +264,15 @@ std::string render_loss_report(const std::vector<LossComparison>& cases,
       for (const StepDifference& d : c.first_over) {
         failures << "; step " << d.step << ": base " << printf_str("%.6f", d.base_loss)
                  << " vs test " << printf_str("%.6f", d.test_loss) << " (diff "
-                 << printf_str("%.2e", d.abs_diff) << ")";
+                 << printf_str("%.2e", d.abs_diff);
+        if (d.base_grad_norm) {
+          failures << ", baseline gradient norm " << printf_str("%.3g", *d.base_grad_norm);
+          if (d.grad_norm_ratio) {
+            failures << " = " << printf_str("%.3g", *d.grad_norm_ratio) << "x the median"
+                     << (*d.grad_norm_ratio >= kSpikeRatio ? ": a gradient spike" : "");
+          }
+        }
+        failures << ")";
       }
       failures << (c.steps_over > static_cast<int64_t>(c.first_over.size()) ? "; ...\n" : "\n");
     }

@@ -55,6 +55,10 @@ struct LossThresholds {
 struct StepDifference {
   int64_t step = 0;
   double base_loss = 0.0, test_loss = 0.0, abs_diff = 0.0;
+  // The baseline's gradient norm at that step and its ratio to the median over the compared
+  // steps, when the baseline logs gradient norms: a large ratio marks a data spike, where the
+  // loss is most sensitive to the small differences of the weights.
+  std::optional<double> base_grad_norm, grad_norm_ratio;
 };
 
 struct LossComparison {

@@ -58,7 +58,8 @@ TEST(CompareLossCli, MismatchMissingStepAndUnpairedCaseFail) {
       << r.output;
   EXPECT_TRUE(contains(r.output,
                        "gpt2_fp32: 2 of 5 steps over 1e-05; step 3: base 10.200000 vs "
-                       "test 10.200025 (diff 2.50e-05)"))
+                       "test 10.200025 (diff 2.50e-05, baseline gradient norm 1.5 = 1x the "
+                       "median)"))
       << r.output;
   EXPECT_TRUE(contains(r.output, "gpt2_bf16: steps missing in test: 4")) << r.output;
   EXPECT_TRUE(contains(r.output, "llama3_fp32: only in base")) << r.output;

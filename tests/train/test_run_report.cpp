@@ -25,7 +25,7 @@ std::string run_line(const std::string& dtype) {
 // declared_steps: the run's "steps" (default: as many as there are losses).
 std::string json_log(const std::string& dtype, const std::vector<double>& losses,
                      const std::vector<double>& ms = {}, double used_mb = 100.0,
-                     int64_t declared_steps = 0) {
+                     int64_t declared_steps = 0, const std::vector<double>& grad_norms = {}) {
   std::string out = run_line(dtype) + "\n";
   for (size_t i = 0; i < losses.size(); ++i) {
     StepRecord r;
@@ -37,6 +37,7 @@ std::string json_log(const std::string& dtype, const std::vector<double>& losses
     r.tokens_per_second = 1000.0 / r.ms * 64.0;
     r.peak_used_mb = used_mb;
     r.peak_reserved_mb = used_mb + 20.0;
+    if (!grad_norms.empty()) r.grad_norm = grad_norms[i];
     out += to_json(r).dump() + "\n";
   }
   return out + R"({"event":"summary","steps":4})" + "\n";
@@ -253,6 +254,34 @@ TEST(LossReport, MismatchReportsTheFirstStepOver) {
   EXPECT_NE(report.find("step 3: base 9.000000 vs test 9.000100"), std::string::npos) << report;
   EXPECT_NE(report.find("fp32: 0/1 cases passed"), std::string::npos) << report;
   EXPECT_EQ(loss_exit_code({c}), report_case_failed);
+}
+
+// A step over the threshold at a data spike says so: the baseline's gradient norm there and
+// its ratio to the run's median (the pass/fail rule itself is unchanged).
+TEST(LossReport, AStepOverAtAGradientSpikeIsMarked) {
+  const std::vector<double> norms = {3.0, 2.9, 268.4, 3.1, 2.8};
+  const RunLog base =
+      parse_json(json_log("fp32", {10.0, 9.5, 9.917375, 9.0, 8.9}, {}, 100.0, 0, norms));
+  const RunLog test =
+      parse_json(json_log("fp32", {10.0, 9.5, 9.917360, 9.0, 8.9}, {}, 100.0, 0, norms));
+  ASSERT_TRUE(base.steps[2].grad_norm.has_value());
+  const LossComparison c = compare_losses({"case", &base, &test}, {});
+  EXPECT_FALSE(c.passed());
+  ASSERT_EQ(c.first_over.size(), 1u);
+  ASSERT_TRUE(c.first_over[0].grad_norm_ratio.has_value());
+  EXPECT_NEAR(*c.first_over[0].grad_norm_ratio, 268.4 / 3.0, 1e-9);  // median of five: 3.0
+  const std::string report = render_loss_report({c}, {});
+  EXPECT_NE(report.find("(diff 1.50e-05, baseline gradient norm 268 = 89.5x the median: a "
+                        "gradient spike)"),
+            std::string::npos)
+      << report;
+  // Without gradient norms (text logs, older logs) the line is as before.
+  RunLog plain_base = parse_json(json_log("fp32", {10.0, 9.5, 9.917375}));
+  const RunLog plain_test = parse_json(json_log("fp32", {10.0, 9.5, 9.917360}));
+  for (LoggedStep& s : plain_base.steps) s.grad_norm.reset();
+  const std::string plain =
+      render_loss_report({compare_losses({"case", &plain_base, &plain_test}, {})}, {});
+  EXPECT_NE(plain.find("(diff 1.50e-05)"), std::string::npos) << plain;
 }
 
 TEST(LossReport, MissingStepsFailEvenWhenBothSidesStopEarly) {
