@@ -190,7 +190,7 @@ LossComparison compare_losses(const CasePair& pair, const LossThresholds& thresh
     if (!finite || diff > c.threshold) {
       ++c.steps_over;
       if (c.first_over.size() < kStepsShownPerFailure) {
-        c.first_over.push_back({step, b->second, t->second, diff});
+        c.first_over.push_back({step, b->second, t->second, diff, std::nullopt, std::nullopt});
       }
     }
   }
