@@ -8,11 +8,7 @@
 set -uo pipefail
 out="${OUT:-gpu-out}"
 mkdir -p "$out"
-export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export PATH="/usr/local/cuda/bin:$PATH"
-if [ ! -e /work/main/data ]; then mkdir -p /work && ln -sfn "$PWD" /work/main; fi
-[ -d build-gpu/carry ] || tar -C build-gpu -xJf build-gpu/carry.tar.xz || exit 1
-ln -sfn carry/flashtrain build-gpu/flashtrain
+source scripts/gpu_env.sh || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 tests=build-gpu/carry/test_attention
 status=0

@@ -5,13 +5,9 @@
 set -uo pipefail
 out="${OUT:-gpu-out}"
 mkdir -p "$out"
-export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-# The tests find data/ through the source path compiled into them.
-if [ ! -e /work/main/data ]; then mkdir -p /work && ln -sfn "$PWD" /work/main; fi
+source scripts/gpu_env.sh || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv | tee "$out/gpu.txt"
 nvcc --version | tail -1 | tee -a "$out/gpu.txt"
-[ -d build-gpu/carry ] || tar -C build-gpu -xJf build-gpu/carry.tar.xz || exit 1
-ln -sfn carry/flashtrain build-gpu/flashtrain  # the CLI tests run the path compiled into them
 status=0
 for t in ${GPU_TESTS:-test_core test_nn test_attention test_models test_train test_apps test_sweep}; do
   start=$(date +%s)

@@ -15,11 +15,7 @@
 set -uo pipefail
 out="${OUT:-gpu-out}/profile"
 mkdir -p "$out"
-export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export PATH="/usr/local/cuda/bin:$PATH"
-# Source-level counters find the sources through the path compiled into the binaries.
-if [ ! -e /work/main/src ]; then mkdir -p /work && ln -sfn "$PWD" /work/main; fi
-[ -d build-gpu/carry ] || tar -C build-gpu -xJf build-gpu/carry.tar.xz || exit 1
+source scripts/gpu_env.sh || exit 1
 command -v ncu >/dev/null || { echo "ncu not found (Nsight Compute)"; exit 2; }
 ncu --version | tail -1
 status=0
