@@ -13,6 +13,13 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// An allocation the device (or the host) could not serve: a training run records it as such,
+// so that a baseline that does not fit is a result rather than a broken log.
+class OutOfMemory : public Error {
+ public:
+  using Error::Error;
+};
+
 // Concatenates any streamable values: str("seq-len ", 4096, " > context ", 1024).
 template <class... Args>
 std::string str(Args&&... args) {

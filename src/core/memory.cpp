@@ -47,7 +47,9 @@ void* allocate_bytes(Device device, size_t nbytes) {
     const size_t rounded =
         (std::max<size_t>(nbytes, 1) + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
     ptr = std::aligned_alloc(kCpuAlignment, rounded);
-    FT_CHECK(ptr != nullptr, "out of host memory: could not allocate ", nbytes, " bytes");
+    if (ptr == nullptr) {
+      throw OutOfMemory(str("out of host memory: could not allocate ", nbytes, " bytes"));
+    }
   } else {
     FT_CHECK(s.has_allocator, "no allocator registered for device ", device_name(device),
              " (was flashtrain built with CUDA?)");

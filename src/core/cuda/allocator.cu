@@ -24,9 +24,9 @@ void* pool_allocate(size_t nbytes) {
     cudaGetLastError();
     size_t free_bytes = 0, total_bytes = 0;
     cudaMemGetInfo(&free_bytes, &total_bytes);
-    throw Error(str("out of GPU memory: asked for ", nbytes / (1024 * 1024), " MB with ",
-                    free_bytes / (1024 * 1024), " MB free of ", total_bytes / (1024 * 1024),
-                    " MB (", cudaGetErrorString(err), "); try a smaller --batch-size"));
+    throw OutOfMemory(str("out of GPU memory: asked for ", nbytes / (1024 * 1024), " MB with ",
+                          free_bytes / (1024 * 1024), " MB free of ", total_bytes / (1024 * 1024),
+                          " MB (", cudaGetErrorString(err), "); try a smaller --batch-size"));
   }
   return ptr;
 }
