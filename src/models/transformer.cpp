@@ -310,6 +310,14 @@ void Transformer::run_forward(const Tensor& tokens, const Tensor& segment_ids) {
   for (int64_t l = 0; l < L; ++l) {
     layer_forward(l, residual_[static_cast<size_t>(l)], residual_[static_cast<size_t>(l + 1)]);
   }
+  // Counted now: backward frees each layer's cache as soon as it is used.
+  size_t attention_bytes = 0;
+  for (const LayerCache& c : cache_) {
+    for (const Tensor* t : {&c.att.lse, &c.att.saved}) {
+      if (t->defined()) attention_bytes += t->nbytes();
+    }
+  }
+  attention_saved_bytes_ = static_cast<int64_t>(attention_bytes);
   Parameter* head = w_->head ? w_->head : w_->wte;
   logits_ = act({B_ * T_, config_.padded_vocab_size});
   nn::linear_forward(logits_, final_norm_.out.view({B_ * T_, C}), head->compute, Tensor());

@@ -67,6 +67,10 @@ class Transformer {
   void forward_logits(const Tensor& tokens, const Tensor& segment_ids = {});
   const Tensor& logits() const { return logits_; }
 
+  // Bytes the attention of all layers kept from the last forward for backward: the S x S
+  // probabilities of naive attention, the log-sum-exp rows of flash (0 before any forward).
+  int64_t attention_saved_bytes() const { return attention_saved_bytes_; }
+
   // Backpropagates the last forward(); d(loss) = loss_scale, parameter grads accumulate.
   void backward(double loss_scale = 1.0);
   void zero_grad();
@@ -119,6 +123,7 @@ class Transformer {
   Tensor tokens_, targets_, segment_ids_;
   std::vector<Tensor> residual_;  // residual_[l] is layer l's input; residual_[L] the output
   std::vector<LayerCache> cache_;
+  int64_t attention_saved_bytes_ = 0;
   NormOutput final_norm_;
   Tensor logits_, losses_;
   bool have_targets_ = false;

@@ -25,7 +25,8 @@ nlohmann::json to_json(const StepRecord& r) {
                       {"tok_per_s", r.tokens_per_second},
                       {"grad_norm", r.grad_norm},
                       {"peak_used_mb", r.peak_used_mb},
-                      {"peak_reserved_mb", r.peak_reserved_mb}};
+                      {"peak_reserved_mb", r.peak_reserved_mb},
+                      {"attention_saved_mb", r.attention_saved_mb}};
   if (r.val_loss) j["val_loss"] = *r.val_loss;
   return j;
 }

@@ -17,6 +17,9 @@ struct StepRecord {
   int64_t step = 0, total_steps = 0;
   double train_loss = 0.0, lr = 0.0, ms = 0.0, tokens_per_second = 0.0, grad_norm = 0.0;
   double peak_used_mb = 0.0, peak_reserved_mb = 0.0;
+  // What the attention of all layers keeps for backward (JSON only): summarize's expected
+  // memory saving of flash over naive is the difference of the two runs' values.
+  double attention_saved_mb = 0.0;
   std::optional<double> val_loss;
 };
 

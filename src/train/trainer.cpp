@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <new>
 #include <optional>
 #include <ostream>
 #include <vector>
@@ -219,68 +220,87 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
     save_train_state(c.save_path + ".state", model, {step, train_loader.state(), run_fingerprint});
   };
 
-  for (int64_t step = first_step; step <= c.steps; ++step) {
-    reset_peak_memory(c.device);
-    const auto t0 = Clock::now();
-    model.zero_grad();
-    double loss = 0.0;
-    for (int64_t micro = 0; micro < accum; ++micro) {
-      train_loader.next_batch(x, y);
-      // Segment ids go in on the CPU; the model copies them to its device once per forward.
-      loss += model.forward(x, y, segments_for(x, eot));
-      model.backward(1.0 / static_cast<double>(accum));
-    }
-    loss /= static_cast<double>(accum);
-    const double norm = nn::global_grad_norm(grads);
-    const double clip_scale = (c.grad_clip > 0 && norm > c.grad_clip) ? c.grad_clip / norm : 1.0;
-    const double lr = schedule.lr(step);
-    // Every parameter in one call (one kernel on the GPU), compute copies refreshed with it.
-    std::vector<nn::AdamWTensor> update;
-    for (models::Parameter& p : model.parameters()) {
-      if (!p.m.defined()) p.m = Tensor::zeros(p.master.shape(), p.master.dtype(), c.device);
-      if (!p.v.defined()) p.v = Tensor::zeros(p.master.shape(), p.master.dtype(), c.device);
-      update.push_back({p.master, p.grad, p.m, p.v, p.decay, p.compute});
-    }
-    nn::adamw_update_all(update, lr, c.adamw, step, clip_scale);
-    synchronize(c.device);  // the step's time includes its device work
-    const double ms = elapsed_ms(t0);
-    FT_CHECK(std::isfinite(loss), "training diverged: loss is ", loss, " at step ", step);
+  // A failure inside the loop is recorded in the log before it propagates, so that the log of
+  // a run that stopped says why: {"event": "error", "step", "kind", "message"}, kind
+  // "out_of_memory" (a baseline that does not fit is a result of its own) or "error".
+  int64_t step = first_step;
+  auto log_failure = [&](const char* kind, const char* message) {
+    log.write({{"event", "error"}, {"step", step}, {"kind", kind}, {"message", message}});
+  };
+  try {
+    for (; step <= c.steps; ++step) {
+      reset_peak_memory(c.device);
+      const auto t0 = Clock::now();
+      model.zero_grad();
+      double loss = 0.0;
+      for (int64_t micro = 0; micro < accum; ++micro) {
+        train_loader.next_batch(x, y);
+        // Segment ids go in on the CPU; the model copies them to its device once per forward.
+        loss += model.forward(x, y, segments_for(x, eot));
+        model.backward(1.0 / static_cast<double>(accum));
+      }
+      loss /= static_cast<double>(accum);
+      const double norm = nn::global_grad_norm(grads);
+      const double clip_scale = (c.grad_clip > 0 && norm > c.grad_clip) ? c.grad_clip / norm : 1.0;
+      const double lr = schedule.lr(step);
+      // Every parameter in one call (one kernel on the GPU), compute copies refreshed with it.
+      std::vector<nn::AdamWTensor> update;
+      for (models::Parameter& p : model.parameters()) {
+        if (!p.m.defined()) p.m = Tensor::zeros(p.master.shape(), p.master.dtype(), c.device);
+        if (!p.v.defined()) p.v = Tensor::zeros(p.master.shape(), p.master.dtype(), c.device);
+        update.push_back({p.master, p.grad, p.m, p.v, p.decay, p.compute});
+      }
+      nn::adamw_update_all(update, lr, c.adamw, step, clip_scale);
+      synchronize(c.device);  // the step's time includes its device work
+      const double ms = elapsed_ms(t0);
+      FT_CHECK(std::isfinite(loss), "training diverged: loss is ", loss, " at step ", step);
 
-    const MemoryStats mem = memory_stats(c.device);
-    StepRecord r;
-    r.step = step;
-    r.total_steps = c.steps;
-    r.train_loss = loss;
-    r.lr = lr;
-    r.ms = ms;
-    r.tokens_per_second = static_cast<double>(tokens_per_step) / (ms / 1000.0);
-    r.grad_norm = norm;
-    r.peak_used_mb = to_mb(mem.peak_used_bytes);
-    r.peak_reserved_mb = to_mb(mem.peak_reserved_bytes);
-    if (step > first_step || c.steps == first_step) {
-      timed_ms += ms;
-      ++timed_steps;
+      const MemoryStats mem = memory_stats(c.device);
+      StepRecord r;
+      r.step = step;
+      r.total_steps = c.steps;
+      r.train_loss = loss;
+      r.lr = lr;
+      r.ms = ms;
+      r.tokens_per_second = static_cast<double>(tokens_per_step) / (ms / 1000.0);
+      r.grad_norm = norm;
+      r.peak_used_mb = to_mb(mem.peak_used_bytes);
+      r.peak_reserved_mb = to_mb(mem.peak_reserved_bytes);
+      r.attention_saved_mb = to_mb(model.attention_saved_bytes());
+      if (step > first_step || c.steps == first_step) {
+        timed_ms += ms;
+        ++timed_steps;
+      }
+      const bool last = step == c.steps;
+      if (val_loader && ((c.eval_every > 0 && step % c.eval_every == 0) || last)) {
+        r.val_loss = evaluate(model, *val_loader, c.val_steps, eot);
+        summary.final_val_loss = *r.val_loss;
+      }
+      if (!c.quiet) {
+        out << format_step_line(r) << "\n";
+        if (r.val_loss) out << "val loss " << *r.val_loss << "\n";
+        out.flush();
+      }
+      log.write(to_json(r));
+      summary.final_train_loss = loss;
+      summary.losses.push_back(loss);
+      summary.steps_run = step;
+      if (c.save_every > 0 && step % c.save_every == 0 && !last) save(step);
+      if (c.sample_every > 0 && step % c.sample_every == 0 && !last && !c.quiet &&
+          std::filesystem::exists(c.tokenizer)) {
+        out << "sample: " << generate(model, Tokenizer(c.tokenizer), c.sample_tokens, c.seed, eot)
+            << "\n";
+      }
     }
-    const bool last = step == c.steps;
-    if (val_loader && ((c.eval_every > 0 && step % c.eval_every == 0) || last)) {
-      r.val_loss = evaluate(model, *val_loader, c.val_steps, eot);
-      summary.final_val_loss = *r.val_loss;
-    }
-    if (!c.quiet) {
-      out << format_step_line(r) << "\n";
-      if (r.val_loss) out << "val loss " << *r.val_loss << "\n";
-      out.flush();
-    }
-    log.write(to_json(r));
-    summary.final_train_loss = loss;
-    summary.losses.push_back(loss);
-    summary.steps_run = step;
-    if (c.save_every > 0 && step % c.save_every == 0 && !last) save(step);
-    if (c.sample_every > 0 && step % c.sample_every == 0 && !last && !c.quiet &&
-        std::filesystem::exists(c.tokenizer)) {
-      out << "sample: " << generate(model, Tokenizer(c.tokenizer), c.sample_tokens, c.seed, eot)
-          << "\n";
-    }
+  } catch (const OutOfMemory& e) {
+    log_failure("out_of_memory", e.what());
+    throw;
+  } catch (const std::bad_alloc&) {
+    log_failure("out_of_memory", "out of host memory (std::bad_alloc)");
+    throw;
+  } catch (const Error& e) {
+    log_failure("error", e.what());
+    throw;
   }
   save(c.steps);
 

@@ -8,11 +8,13 @@
 #include <sstream>
 
 #include "core/device.h"
+#include "core/error.h"
 #include "core/rng.h"
 #include "models/transformer.h"
 #include "nn/adamw.h"
 #include "test_util.h"
 #include "train/documents.h"
+#include "train/run_log.h"
 #include "train/tokenizer.h"
 #include "train/trainer.h"
 
@@ -180,6 +182,36 @@ TEST(CudaTrainer, TrainsDeterministicallyAndReportsMemory) {
   EXPECT_LT(a.losses.back(), a.losses.front() - 1.0);
   EXPECT_FALSE(a.sample.empty());
   EXPECT_NE(out_a.str().find("peak reserved"), std::string::npos);
+}
+
+// A naive baseline that does not fit must leave a log that says so (the study's compare-loss
+// and summarize report it as "base OOM" rather than as a broken log): 4 heads x 131072^2 fp32
+// probabilities are 275 GB, beyond any one GPU.
+TEST(CudaTrainer, NaiveOutOfMemoryIsLoggedAsSuch) {
+  REQUIRE_GPU();
+  train::TrainConfig c;
+  c.model = "gpt2-tiny";
+  c.overrides.context = 131072;
+  c.train_data = test::source_path("data/tinyshakespeare_train.bin");
+  c.val_data.clear();
+  c.device = Device::cuda;
+  c.batch_size = 1;
+  c.seq_len = 131072;
+  c.steps = 2;
+  c.sample_tokens = 0;
+  c.quiet = true;
+  test::TempDir dir;
+  c.log_path = dir.file("naive.jsonl");
+  std::ostringstream out;
+  EXPECT_THROW(train::train(c, out), OutOfMemory);
+  const train::RunLog log = train::read_run_log(c.log_path);
+  ASSERT_TRUE(log.ok()) << log.error;
+  ASSERT_TRUE(log.failure.has_value());
+  EXPECT_TRUE(log.failure->out_of_memory());
+  EXPECT_EQ(log.failure->step, 1);
+  EXPECT_NE(log.failure->message.find("out of GPU memory"), std::string::npos)
+      << log.failure->message;
+  EXPECT_TRUE(log.steps.empty());
 }
 
 }  // namespace

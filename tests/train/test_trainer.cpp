@@ -10,8 +10,10 @@
 #include <nlohmann/json.hpp>
 
 #include "core/device.h"
+#include "core/error.h"
 #include "test_util.h"
 #include "train/data_loader.h"
+#include "train/run_log.h"
 #include "train/tokenizer.h"
 #include "train/trainer.h"
 
@@ -216,6 +218,46 @@ TEST(Trainer, LogHasOneJsonLinePerStep) {
     }
   }
   EXPECT_EQ(steps, 3);
+}
+
+// What the attention keeps for backward is logged per step: naive the fp32 probabilities and
+// the log-sum-exp of every layer, flash the log-sum-exp only (summarize's expected saving).
+TEST(Trainer, LogSaysWhatTheAttentionKeeps) {
+  test::TempDir dir;
+  TrainConfig c = tiny_run(1);
+  c.val_data.clear();
+  c.log_path = dir.file("naive.jsonl");
+  run(c);
+  const RunLog naive = read_run_log(c.log_path);
+  c.attention.impl = attention::Impl::flash;
+  c.log_path = dir.file("flash.jsonl");
+  run(c);
+  const RunLog flash = read_run_log(c.log_path);
+  ASSERT_TRUE(naive.ok() && flash.ok()) << naive.error << flash.error;
+  // gpt2-tiny: 4 layers, 4 heads; batch 4 x 32.
+  const double lse_bytes = 4.0 * 4 * 4 * 32 * 4;
+  const double mib = 1024.0 * 1024.0;
+  EXPECT_DOUBLE_EQ(*naive.steps.at(0).attention_saved_mb,
+                   (4.0 * 4 * 4 * 32 * 32 * 4 + lse_bytes) / mib);
+  EXPECT_DOUBLE_EQ(*flash.steps.at(0).attention_saved_mb, lse_bytes / mib);
+}
+
+// A run that fails inside the loop records why before the error propagates.
+TEST(Trainer, AFailedRunRecordsItsErrorInTheLog) {
+  test::TempDir dir;
+  TrainConfig c = tiny_run(5);
+  c.val_data.clear();
+  c.lr = 1e30;  // the first update sends the weights to ~1e30: the next loss is not finite
+  c.log_path = dir.file("diverged.jsonl");
+  EXPECT_THROW(run(c), Error);
+  const RunLog log = read_run_log(c.log_path);
+  ASSERT_TRUE(log.ok()) << log.error;
+  ASSERT_TRUE(log.failure.has_value());
+  EXPECT_EQ(log.failure->kind, "error");
+  EXPECT_FALSE(log.failure->out_of_memory());
+  EXPECT_NE(log.failure->message.find("training diverged"), std::string::npos)
+      << log.failure->message;
+  EXPECT_EQ(static_cast<int64_t>(log.steps.size()), log.failure->step - 1);
 }
 
 // --- the CLI: every bad input is one clear line and a non-zero exit, never a crash ---
