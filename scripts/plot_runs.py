@@ -128,6 +128,11 @@ def plot_perf(plt, csv_path, labels, out):
             values = [number(r, f"{key}_{side}") for r in rows]
             ax.bar([i + offset for i in x], [v if v is not None else 0 for v in values], width,
                    label=label)
+            if side == "base":  # a baseline that ran out of memory has no bar: say so
+                for i, r in enumerate(rows):
+                    if r.get("base_out_of_memory"):
+                        ax.text(i + offset, 0, "OOM", ha="center", va="bottom", fontsize=8,
+                                color="red")
         ax.set_title(title)
         ax.set_xticks(x)
         ax.set_xticklabels([r["case"] for r in rows], rotation=30, ha="right", fontsize=8)

@@ -28,8 +28,11 @@ Writes, under the log directory:
   compare-loss_<base>_vs_<test>.md, summary_<base>_vs_<test>.{md,csv}
                             `flashtrain compare-loss` and `flashtrain summarize` on each pair
   plots_<base>_vs_<test>/   with --plot (scripts/plot_runs.py; needs matplotlib)
-A case that fails is reported and the matrix goes on. Exit status: 0 every case ran and every
-comparison passed; 1 a case or a comparison failed; 2 a bad config or command line.
+A case that fails is reported and the matrix goes on. A case whose log records that it ran out
+of memory is not a failed case: compare-loss and summarize judge it (a baseline that does not
+fit is reported as such; a test run that does not fit fails its comparison). Exit status: 0
+every case ran or ran out of memory and every comparison passed; 1 a case or a comparison
+failed; 2 a bad config or command line.
 Standard library only.
 """
 
@@ -291,6 +294,21 @@ def run_case(cmd, out_path, timeout):
     return status, code, time.monotonic() - start
 
 
+def recorded_failure(log):
+    """The {"event": "error"} line a training run wrote before it stopped, or None."""
+    try:
+        with open(log, errors="replace") as f:
+            for line in f:
+                if '"event":"error"' in line.replace(" ", ""):
+                    try:
+                        return json.loads(line)
+                    except json.JSONDecodeError:
+                        return None
+    except OSError:
+        pass
+    return None
+
+
 def run_report(cmd, md_path):
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     with open(md_path, "w") as f:
@@ -380,7 +398,7 @@ def main():
 
     if not args.only:
         warn_stale_logs(logdir, runs)
-    results, failed = [], []
+    results, failed, out_of_memory = [], [], []
     for i, (group, case) in enumerate(runs, 1):
         os.makedirs(os.path.join(logdir, group), exist_ok=True)
         log = os.path.join(logdir, group, case["name"] + ".jsonl")
@@ -391,8 +409,17 @@ def main():
         label = f"{group}/{case['name']}"
         print(f"[{i}/{len(runs)}] {label} ...", end=" ", flush=True)
         status, code, seconds = run_case(cmd, out, args.timeout)
-        print(f"{status} ({seconds:.1f} s)", flush=True)
-        if status != "ok":
+        failure = recorded_failure(log) if status != "ok" else None
+        if failure and failure.get("kind") == "out_of_memory":
+            # A result, not a broken case: compare-loss and summarize report it ("base OOM"),
+            # and fail the comparison if it was the test side.
+            status = f"out of memory in step {failure.get('step')}"
+            print(f"{status} ({seconds:.1f} s): {failure.get('message', '')}", flush=True)
+        else:
+            print(f"{status} ({seconds:.1f} s)", flush=True)
+        if status.startswith("out of memory"):
+            out_of_memory.append(label)
+        elif status != "ok":
             failed.append(label)
             for line in tail(out):
                 print(f"    {line}")
@@ -429,7 +456,10 @@ def main():
             if rc != 0:
                 print(f"note: plots for {pair} not drawn (plot_runs.py exit {rc})")
 
-    print(f"\nmatrix: {len(runs) - len(failed)}/{len(runs)} cases ran; logs in {logdir}")
+    print(f"\nmatrix: {len(runs) - len(failed) - len(out_of_memory)}/{len(runs)} cases ran; "
+          f"logs in {logdir}")
+    for label in out_of_memory:
+        print(f"  out of memory: {label} (its log says so; the reports judge it)")
     for label in failed:
         print(f"  failed case: {label}")
     for r in report_failures:

@@ -185,7 +185,20 @@ LoggedStep json_step(const json& j) {
   r.peak_used_mb = optional_number(j, "peak_used_mb");
   r.peak_reserved_mb = optional_number(j, "peak_reserved_mb");
   r.grad_norm = optional_number(j, "grad_norm");
+  r.attention_saved_mb = optional_number(j, "attention_saved_mb");
   return r;
+}
+
+RunFailure json_failure(const json& j, int64_t line) {
+  RunFailure f;
+  f.step = json_step_number(j, "step");
+  for (auto [key, field] : {std::pair{"kind", &f.kind}, std::pair{"message", &f.message}}) {
+    FT_CHECK(j.contains(key) && j[key].is_string(), "the error line needs \"", key,
+             "\" (a string)");
+    *field = j[key].get<std::string>();
+  }
+  f.line = line;
+  return f;
 }
 
 std::string json_parse_message(const json::parse_error& e) {
@@ -281,6 +294,7 @@ RunLog parse_json_lines_log(std::istream& in, const std::string& path) {
         if (j["event"] != "run") {
           FT_CHECK(run_line > 0, "expected the {\"event\": \"run\", ...} line first, got event ",
                    j["event"].dump());
+          if (j["event"] == "error" && !log.failure) log.failure = json_failure(j, line_no);
           continue;  // the summary, and events added later
         }
         FT_CHECK(run_line == 0, "a second {\"event\": \"run\"} line (the first is line ", run_line,
@@ -308,7 +322,7 @@ RunLog parse_json_lines_log(std::istream& in, const std::string& path) {
     log.error = str(
         path, ": ",
         line_no == 0 ? "the file is empty" : "no {\"event\": \"run\"} line (it carries the dtype)");
-  } else if (steps.empty()) {
+  } else if (steps.empty() && !log.failure) {
     log.error = str(path, ": no step records after the run line (the run stopped before step 1?)");
   } else {
     finish(log, steps);

@@ -3,7 +3,8 @@
 // Two formats:
 //   JSON lines (step_log.h): a {"event": "run", ..., "dtype": ...} line first, then one object
 //     per step ({"step", "train_loss", "ms", "tok_per_s", "peak_used_mb", ...}); other events
-//     ({"event": "summary"}) are skipped.
+//     ({"event": "summary"}) are skipped, except {"event": "error"}: the run stopped there
+//     (RunFailure).
 //   InfiniTrain-style text: any line holding `step N/M | train loss X` (a glog prefix before it
 //     and text after the fields are allowed); `lr`, `ms`, `tok/s`, `peak used:` and
 //     `peak reserved:` are read when present. Lines without `step N/M |` are not step lines;
@@ -29,7 +30,19 @@ struct LoggedStep {
   int64_t line = 0;         // 1-based line in the file, for messages
   double train_loss = 0.0;  // may be NaN or Inf in a text log: a comparison then fails
   std::optional<double> lr, ms, tokens_per_second, peak_used_mb, peak_reserved_mb;
-  std::optional<double> grad_norm;  // our JSON lines only
+  std::optional<double> grad_norm;           // our JSON lines only
+  std::optional<double> attention_saved_mb;  // our JSON lines only
+};
+
+// How a run that stopped early ended: its {"event": "error", "step", "kind", "message"} line,
+// which our trainer writes before the failure propagates (JSON lines only).
+struct RunFailure {
+  int64_t step = 0;  // the step it stopped in
+  std::string kind;  // "out_of_memory", or "error" for anything else
+  std::string message;
+  int64_t line = 0;
+
+  bool out_of_memory() const { return kind == "out_of_memory"; }
 };
 
 enum class LogFormat { json_lines, text };
@@ -40,6 +53,9 @@ struct RunLog {
   LogFormat format = LogFormat::text;
   std::string dtype;              // "fp32" or "bf16"; empty when the log did not get that far
   std::vector<LoggedStep> steps;  // ascending by step, no step twice
+  // Set when the run recorded why it stopped; the steps before it are still read, and a
+  // failed run with no step is a valid log (a baseline that ran out of memory in step 1).
+  std::optional<RunFailure> failure;
   // Non-empty when the log could not be read: "<file>:<line>: <what was expected>". A bad log
   // is carried instead of thrown so that one broken case does not hide the report on the others.
   std::string error;

@@ -92,6 +92,29 @@ std::string check_pair(const CasePair& pair, std::vector<std::string>& problems,
   return test_dtype.empty() ? "?" : test_dtype;
 }
 
+std::string describe(const RunFailure& f) {
+  return str("in step ", f.step, ": ", f.message);
+}
+
+// How the runs ended. A test run that stopped, or a baseline that stopped other than out of
+// memory, is a problem of the case; a baseline out of memory is returned (described), since
+// a baseline that does not fit is a result of its own.
+std::string check_failures(const CasePair& pair, std::vector<std::string>& problems) {
+  std::string base_out_of_memory;
+  if (pair.base && pair.base->ok() && pair.base->failure) {
+    const RunFailure& f = *pair.base->failure;
+    if (f.out_of_memory()) {
+      base_out_of_memory = describe(f);
+    } else {
+      problems.push_back(str("the base run stopped ", describe(f)));
+    }
+  }
+  if (pair.test && pair.test->ok() && pair.test->failure) {
+    problems.push_back(str("the test run stopped ", describe(*pair.test->failure)));
+  }
+  return base_out_of_memory;
+}
+
 std::map<int64_t, double> losses_by_step(const RunLog& log) {
   std::map<int64_t, double> m;
   for (const LoggedStep& s : log.steps) m[s.step] = s.train_loss;
@@ -166,6 +189,10 @@ LossComparison compare_losses(const CasePair& pair, const LossThresholds& thresh
   c.dtype = check_pair(pair, c.problems, c.bad_input);
   c.threshold = thresholds.for_dtype(c.dtype);
   if (!pair.base || !pair.test || !pair.base->ok() || !pair.test->ok()) return c;
+  c.base_out_of_memory = check_failures(pair, c.problems);
+  // A baseline out of memory in step F is expected to have logged the steps before F only.
+  const int64_t base_end =
+      c.base_out_of_memory.empty() ? std::numeric_limits<int64_t>::max() : pair.base->failure->step;
 
   const std::map<int64_t, double> base = losses_by_step(*pair.base);
   const std::map<int64_t, double> test = losses_by_step(*pair.test);
@@ -176,7 +203,7 @@ LossComparison compare_losses(const CasePair& pair, const LossThresholds& thresh
   for (int64_t step : expected_steps(*pair.base, *pair.test)) {
     const auto b = base.find(step);
     const auto t = test.find(step);
-    if (b == base.end()) c.missing_in_base.push_back(step);
+    if (b == base.end() && step < base_end) c.missing_in_base.push_back(step);
     if (t == test.end()) c.missing_in_test.push_back(step);
     if (b == base.end() || t == test.end()) continue;
     ++c.steps_compared;
@@ -225,7 +252,7 @@ int loss_exit_code(const std::vector<LossComparison>& cases) {
   int code = report_ok;
   for (const LossComparison& c : cases) {
     if (c.bad_input) return report_bad_input;
-    if (!c.passed()) code = report_case_failed;
+    if (!c.passed() && !c.baseline_did_not_fit()) code = report_case_failed;
   }
   return code;
 }
@@ -244,7 +271,21 @@ std::string render_loss_report(const std::vector<LossComparison>& cases,
        << (compared ? printf_str("%.2e", c.max_abs_diff) : std::string("-")) << " | "
        << (compared ? std::to_string(c.max_diff_step) : std::string("-")) << " | "
        << (over ? std::to_string(*over) : std::string("-")) << " | "
-       << (c.passed() ? "pass" : "FAIL") << " |\n";
+       << (c.passed()                 ? "pass"
+           : c.baseline_did_not_fit() ? "base OOM"
+                                      : "FAIL")
+       << " |\n";
+  }
+
+  std::ostringstream did_not_fit;
+  for (const LossComparison& c : cases) {
+    if (c.baseline_did_not_fit()) {
+      did_not_fit << "- " << c.name << ": " << c.base_out_of_memory << "\n";
+    }
+  }
+  if (!did_not_fit.str().empty()) {
+    os << "\nNot compared, the baseline ran out of memory (the test run is complete):\n"
+       << did_not_fit.str();
   }
 
   std::ostringstream failures;
@@ -276,30 +317,44 @@ std::string render_loss_report(const std::vector<LossComparison>& cases,
       }
       failures << (c.steps_over > static_cast<int64_t>(c.first_over.size()) ? "; ...\n" : "\n");
     }
-    if (c.problems.empty() && c.steps_compared == 0) {
+    if (!c.base_out_of_memory.empty() && !c.baseline_did_not_fit()) {
+      failures << "- " << c.name << ": the base run ran out of memory " << c.base_out_of_memory
+               << "\n";
+    }
+    if (c.problems.empty() && c.steps_compared == 0 && c.base_out_of_memory.empty()) {
       failures << "- " << c.name << ": no step logged on both sides\n";
     }
   }
   if (!failures.str().empty()) os << "\nFailures:\n" << failures.str();
 
-  std::map<std::string, std::pair<int, int>> per_dtype;  // dtype -> (passed, total)
-  int passed = 0;
+  struct Count {
+    int passed = 0, did_not_fit = 0, total = 0;
+  };
+  std::map<std::string, Count> per_dtype;
+  Count all;
   for (const LossComparison& c : cases) {
-    per_dtype[c.dtype].second += 1;
-    per_dtype[c.dtype].first += c.passed() ? 1 : 0;
-    passed += c.passed() ? 1 : 0;
+    for (Count* n : {&per_dtype[c.dtype], &all}) {
+      n->total += 1;
+      n->passed += c.passed() ? 1 : 0;
+      n->did_not_fit += c.baseline_did_not_fit() ? 1 : 0;
+    }
   }
+  auto counts = [](const Count& n) {
+    std::string out = str(n.passed, "/", n.total, " cases passed");
+    if (n.did_not_fit > 0) out += str(", ", n.did_not_fit, " not compared (base out of memory)");
+    return out;
+  };
   os << "\nSummary:\n";
   for (const char* dtype : {"fp32", "bf16", "?"}) {
     const auto it = per_dtype.find(dtype);
     if (it == per_dtype.end()) continue;
     const std::string label = it->first == "?" ? "dtype unknown" : it->first;
-    os << "  " << label << ": " << it->second.first << "/" << it->second.second << " cases passed";
+    os << "  " << label << ": " << counts(it->second);
     if (it->first != "?")
       os << " (threshold " << printf_str("%.0e", thresholds.for_dtype(dtype)) << ")";
     os << "\n";
   }
-  os << "  total: " << passed << "/" << cases.size() << " cases passed\n";
+  os << "  total: " << counts(all) << "\n";
   return os.str();
 }
 
@@ -325,7 +380,7 @@ std::string render_loss_steps(const std::vector<CasePair>& pairs) {
 
 PerfStats perf_stats(const RunLog& log, bool include_first) {
   PerfStats p;
-  std::vector<double> ms, tps, used, reserved;
+  std::vector<double> ms, tps, used, reserved, attention;
   for (size_t i = include_first ? 0 : 1; i < log.steps.size(); ++i) {
     const LoggedStep& s = log.steps[i];
     if (p.steps == 0) p.first_step = s.step;
@@ -335,30 +390,47 @@ PerfStats perf_stats(const RunLog& log, bool include_first) {
     if (s.tokens_per_second) tps.push_back(*s.tokens_per_second);
     if (s.peak_used_mb) used.push_back(*s.peak_used_mb);
     if (s.peak_reserved_mb) reserved.push_back(*s.peak_reserved_mb);
+    if (s.attention_saved_mb) attention.push_back(*s.attention_saved_mb);
   }
   p.ms = mean(ms);
   p.tokens_per_second = mean(tps);
   p.peak_used_mb = maximum(used);
   p.peak_reserved_mb = maximum(reserved);
+  p.attention_saved_mb = maximum(attention);
   return p;
 }
 
 std::optional<double> PerfRow::speedup() const {
+  if (!base_out_of_memory.empty()) return std::nullopt;
   return ratio(base.ms, test.ms);
 }
 
 std::optional<double> PerfRow::tokens_per_second_gain() const {
   const std::optional<double> r = ratio(test.tokens_per_second, base.tokens_per_second);
-  if (!r) return std::nullopt;
+  if (!r || !base_out_of_memory.empty()) return std::nullopt;
   return *r - 1.0;
 }
 
 std::optional<double> PerfRow::peak_used_saved() const {
+  if (!base_out_of_memory.empty()) return std::nullopt;
   return saved(base.peak_used_mb, test.peak_used_mb);
 }
 
 std::optional<double> PerfRow::peak_reserved_saved() const {
+  if (!base_out_of_memory.empty()) return std::nullopt;
   return saved(base.peak_reserved_mb, test.peak_reserved_mb);
+}
+
+std::optional<double> PerfRow::peak_used_saved_mb() const {
+  if (!base_out_of_memory.empty() || !base.peak_used_mb || !test.peak_used_mb) return std::nullopt;
+  return *base.peak_used_mb - *test.peak_used_mb;
+}
+
+std::optional<double> PerfRow::expected_saved_mb() const {
+  if (!base_out_of_memory.empty() || !base.attention_saved_mb || !test.attention_saved_mb) {
+    return std::nullopt;
+  }
+  return *base.attention_saved_mb - *test.attention_saved_mb;
 }
 
 std::vector<PerfRow> summarize_runs(const std::vector<CasePair>& pairs, bool include_first) {
@@ -367,13 +439,14 @@ std::vector<PerfRow> summarize_runs(const std::vector<CasePair>& pairs, bool inc
     PerfRow row;
     row.name = pair.name;
     row.dtype = check_pair(pair, row.problems, row.bad_input);
+    if (row.problems.empty()) row.base_out_of_memory = check_failures(pair, row.problems);
     if (row.problems.empty()) {
       row.base = perf_stats(*pair.base, include_first);
       row.test = perf_stats(*pair.test, include_first);
       const std::pair<const char*, const PerfStats*> sides[] = {{"base", &row.base},
                                                                 {"test", &row.test}};
       for (const auto& [side, stats] : sides) {
-        if (stats->steps > 0) continue;
+        if (stats->steps > 0 || (stats == &row.base && !row.base_out_of_memory.empty())) continue;
         row.problems.push_back(
             str(side, " has no step to average",
                 include_first ? "" : " once step 1 is left out (--include-step1)"));
@@ -402,32 +475,45 @@ std::string render_perf_markdown(const std::vector<PerfRow>& rows, const PerfLab
      << (include_first ? " including step 1" : " after step 1 (step 1 carries the warm-up)")
      << "; peaks are maxima over the same steps. speedup = " << b << " ms / " << t
      << " ms; tok/s gain = " << t << " / " << b << " - 1; saved = (" << b << " - " << t << ") / "
-     << b << ".\n\n";
+     << b << "; expected = what the attention keeps for backward, " << b << " - " << t
+     << " (where the logs say).\n\n";
   os << "| case | dtype | steps | avg ms (" << b << ") | avg ms (" << t << ") | speedup | tok/s ("
      << b << ") | tok/s (" << t << ") | tok/s gain | peak used MB (" << b << ") | peak used MB ("
-     << t << ") | used saved | peak reserved MB (" << b << ") | peak reserved MB (" << t
-     << ") | reserved saved |\n"
-     << "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
-  std::ostringstream skipped;
+     << t << ") | used saved | used saved MB (expected) | peak reserved MB (" << b
+     << ") | peak reserved MB (" << t << ") | reserved saved |\n"
+     << "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  std::ostringstream skipped, did_not_fit;
   for (const PerfRow& r : rows) {
     if (!r.summarized()) {
       for (const std::string& p : r.problems) skipped << "- " << r.name << ": " << p << "\n";
       continue;
     }
-    const std::string steps = r.base.steps == r.test.steps ? std::to_string(r.base.steps)
-                                                           : str(r.base.steps, " / ", r.test.steps);
+    const bool oom = !r.base_out_of_memory.empty();
+    if (oom) did_not_fit << "- " << r.name << ": " << r.base_out_of_memory << "\n";
+    auto base_cell = [&](const std::optional<double>& v, const char* fmt) {
+      return oom ? std::string("OOM") : or_dash(v, fmt);
+    };
     auto percent = [](const std::optional<double>& v) {
       return v ? printf_str("%+.1f%%", 100.0 * *v) : std::string("-");
     };
+    const std::string steps = oom || r.base.steps == r.test.steps
+                                  ? std::to_string(r.test.steps)
+                                  : str(r.base.steps, " / ", r.test.steps);
+    std::string saved_mb = or_dash(r.peak_used_saved_mb(), "%.0f");
+    if (r.expected_saved_mb()) saved_mb += printf_str(" (%.0f)", *r.expected_saved_mb());
     os << "| " << markdown_cell(r.name) << " | " << r.dtype << " | " << steps << " | "
-       << or_dash(r.base.ms, "%.2f") << " | " << or_dash(r.test.ms, "%.2f") << " | "
-       << or_dash(r.speedup(), "%.2fx") << " | " << or_dash(r.base.tokens_per_second, "%.0f")
+       << base_cell(r.base.ms, "%.2f") << " | " << or_dash(r.test.ms, "%.2f") << " | "
+       << or_dash(r.speedup(), "%.2fx") << " | " << base_cell(r.base.tokens_per_second, "%.0f")
        << " | " << or_dash(r.test.tokens_per_second, "%.0f") << " | "
-       << percent(r.tokens_per_second_gain()) << " | " << or_dash(r.base.peak_used_mb, "%.0f")
+       << percent(r.tokens_per_second_gain()) << " | " << base_cell(r.base.peak_used_mb, "%.0f")
        << " | " << or_dash(r.test.peak_used_mb, "%.0f") << " | " << percent(r.peak_used_saved())
-       << " | " << or_dash(r.base.peak_reserved_mb, "%.0f") << " | "
+       << " | " << saved_mb << " | " << base_cell(r.base.peak_reserved_mb, "%.0f") << " | "
        << or_dash(r.test.peak_reserved_mb, "%.0f") << " | " << percent(r.peak_reserved_saved())
        << " |\n";
+  }
+  if (!did_not_fit.str().empty()) {
+    os << "\nOOM: the " << b << " ran out of memory; the row shows the " << t << " run only:\n"
+       << did_not_fit.str();
   }
   if (!skipped.str().empty()) os << "\nNot summarized:\n" << skipped.str();
   return os.str();
@@ -437,21 +523,29 @@ std::string render_perf_csv(const std::vector<PerfRow>& rows) {
   std::ostringstream os;
   os << "case,dtype,steps_base,steps_test,ms_base,ms_test,speedup,tok_per_s_base,tok_per_s_test,"
         "tok_per_s_gain,peak_used_mb_base,peak_used_mb_test,peak_used_saved,"
-        "peak_reserved_mb_base,peak_reserved_mb_test,peak_reserved_saved,problem\n";
+        "peak_reserved_mb_base,peak_reserved_mb_test,peak_reserved_saved,peak_used_saved_mb,"
+        "attention_saved_mb_base,attention_saved_mb_test,expected_saved_mb,base_out_of_memory,"
+        "problem\n";
   for (const PerfRow& r : rows) {
     std::string problem;
     for (const std::string& p : r.problems) problem += (problem.empty() ? "" : "; ") + p;
     const bool ok = r.summarized();
+    const bool base_ok = ok && r.base_out_of_memory.empty();
     auto num = [&](const std::optional<double>& v) { return ok ? csv_number(v) : std::string(); };
+    auto base = [&](const std::optional<double>& v) {
+      return base_ok ? csv_number(v) : std::string();
+    };
     os << csv_cell(r.name) << "," << r.dtype << ","
-       << (ok ? std::to_string(r.base.steps) : std::string()) << ","
-       << (ok ? std::to_string(r.test.steps) : std::string()) << "," << num(r.base.ms) << ","
-       << num(r.test.ms) << "," << num(r.speedup()) << "," << num(r.base.tokens_per_second) << ","
+       << (base_ok ? std::to_string(r.base.steps) : std::string()) << ","
+       << (ok ? std::to_string(r.test.steps) : std::string()) << "," << base(r.base.ms) << ","
+       << num(r.test.ms) << "," << num(r.speedup()) << "," << base(r.base.tokens_per_second) << ","
        << num(r.test.tokens_per_second) << "," << num(r.tokens_per_second_gain()) << ","
-       << num(r.base.peak_used_mb) << "," << num(r.test.peak_used_mb) << ","
-       << num(r.peak_used_saved()) << "," << num(r.base.peak_reserved_mb) << ","
+       << base(r.base.peak_used_mb) << "," << num(r.test.peak_used_mb) << ","
+       << num(r.peak_used_saved()) << "," << base(r.base.peak_reserved_mb) << ","
        << num(r.test.peak_reserved_mb) << "," << num(r.peak_reserved_saved()) << ","
-       << csv_cell(problem) << "\n";
+       << num(r.peak_used_saved_mb()) << "," << base(r.base.attention_saved_mb) << ","
+       << num(r.test.attention_saved_mb) << "," << num(r.expected_saved_mb()) << ","
+       << csv_cell(r.base_out_of_memory) << "," << csv_cell(problem) << "\n";
   }
   return os.str();
 }

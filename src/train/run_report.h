@@ -71,12 +71,23 @@ struct LossComparison {
   int64_t steps_over = 0;
   std::vector<StepDifference> first_over;  // the first few steps over the threshold
   std::vector<int64_t> missing_in_base, missing_in_test;
-  std::vector<std::string> problems;  // one side only, an unreadable log, dtypes that differ
-  bool bad_input = false;             // a log could not be read
+  // One side only, an unreadable log, dtypes that differ, a run that stopped (the test run,
+  // or the baseline other than out of memory).
+  std::vector<std::string> problems;
+  bool bad_input = false;  // a log could not be read
+  // Set when the baseline's log says it ran out of memory ("in step 1: out of GPU memory:
+  // ..."): the steps before that are still compared, and the test run must be complete.
+  std::string base_out_of_memory;
 
   bool passed() const {
     return problems.empty() && missing_in_base.empty() && missing_in_test.empty() &&
-           steps_over == 0 && steps_compared > 0;
+           steps_over == 0 && steps_compared > 0 && base_out_of_memory.empty();
+  }
+  // The baseline did not fit but the test run is complete and agrees wherever both logged:
+  // neither passed nor failed ("base OOM"), and no reason for a non-zero exit.
+  bool baseline_did_not_fit() const {
+    return !base_out_of_memory.empty() && problems.empty() && missing_in_base.empty() &&
+           missing_in_test.empty() && steps_over == 0;
   }
   std::optional<int64_t> first_step_over() const {
     if (first_over.empty()) return std::nullopt;
@@ -86,7 +97,7 @@ struct LossComparison {
 
 // The steps expected of a case are every step either side logged, plus the steps up to the
 // declared total (`step N/M`, "steps") from the first one logged: a run cut short on both sides
-// still misses steps.
+// still misses steps. Of a baseline that ran out of memory, only the steps before that.
 LossComparison compare_losses(const CasePair& pair, const LossThresholds& thresholds);
 
 std::vector<LossComparison> compare_all_losses(const std::vector<CasePair>& pairs,
@@ -109,6 +120,7 @@ struct PerfStats {
   int64_t last_step = 0;
   std::optional<double> ms, tokens_per_second;           // means over the steps
   std::optional<double> peak_used_mb, peak_reserved_mb;  // maxima over the steps
+  std::optional<double> attention_saved_mb;              // maximum over the steps
 };
 
 // include_first: keep the first logged step (step 1), which carries the warm-up.
@@ -119,12 +131,19 @@ struct PerfRow {
   PerfStats base, test;
   std::vector<std::string> problems;  // not summarized, and why
   bool bad_input = false;
+  // The baseline ran out of memory (as compare-loss): the row shows the test side only.
+  std::string base_out_of_memory;
 
   bool summarized() const { return problems.empty(); }
+  // Each nullopt when a side lacks the field, or the baseline ran out of memory.
   std::optional<double> speedup() const;                 // base ms / test ms
   std::optional<double> tokens_per_second_gain() const;  // test / base - 1
   std::optional<double> peak_used_saved() const;         // (base - test) / base
   std::optional<double> peak_reserved_saved() const;
+  std::optional<double> peak_used_saved_mb() const;  // base - test
+  // What the attention keeps for backward, base - test (our JSON lines log it per step): the
+  // saving to expect from fused attention, against the measured peak_used_saved_mb().
+  std::optional<double> expected_saved_mb() const;
 };
 
 std::vector<PerfRow> summarize_runs(const std::vector<CasePair>& pairs, bool include_first);

@@ -154,7 +154,7 @@ TEST(SummarizeCli, MarkdownAndCsv) {
   // Steps 2-5: 50 vs 25 ms, 2000 vs 4000 tok/s, 800 vs 600 MB used, 1000 vs 800 MB reserved.
   EXPECT_TRUE(contains(md.output,
                        "| gpt2_fp32 | fp32 | 4 | 50.00 | 25.00 | 2.00x | 2000 | 4000 | +100.0% | "
-                       "800 | 600 | +25.0% | 1000 | 800 | +20.0% |"))
+                       "800 | 600 | +25.0% | 200 | 1000 | 800 | +20.0% |"))
       << md.output;
   EXPECT_TRUE(contains(md.output, "| case | dtype | steps | avg ms (baseline) | avg ms (flash) |"))
       << md.output;
@@ -164,7 +164,7 @@ TEST(SummarizeCli, MarkdownAndCsv) {
   EXPECT_EQ(csv.output, read_file(dir.file("summary.csv")));
   EXPECT_TRUE(contains(csv.output,
                        "\ngpt2_bf16,bf16,4,4,50,25,2,2000,4000,1,800,600,0.25,1000,800,"
-                       "0.2,\n"))
+                       "0.2,200,,,,,\n"))
       << csv.output;
 
   // Step 1 (100 vs 80 ms) counted: 60 vs 36 ms.
@@ -181,8 +181,38 @@ TEST(SummarizeCli, InfiniTrainLogsWithoutMemoryShowDashes) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "avg ms (naive)")) << r.output;
   EXPECT_TRUE(contains(r.output, "| gpt2_1 | fp32 | 4 | 126.39 | 98.35 | 1.29x |")) << r.output;
-  EXPECT_TRUE(contains(r.output, "| - | - | - | - | - | - |")) << r.output;
-  EXPECT_TRUE(contains(r.output, "| 3770 | 3100 | +17.8% | 3808 | 3200 | +16.0% |")) << r.output;
+  EXPECT_TRUE(contains(r.output, "| - | - | - | - | - | - | - |")) << r.output;
+  EXPECT_TRUE(contains(r.output, "| 3770 | 3100 | +17.8% | 670 | 3808 | 3200 | +16.0% |"))
+      << r.output;
+}
+
+// A baseline that ran out of memory is a result: both reports say so and exit 0.
+TEST(SummarizeCli, ABaselineOutOfMemoryIsReportedAndExits0) {
+  const std::string dirs = fixture("oom_base") + " " + fixture("oom_flash");
+  const test::CommandResult loss = test::run_cli("compare-loss " + dirs);
+  EXPECT_EQ(loss.exit_code, 0) << loss.output;
+  EXPECT_TRUE(contains(loss.output, "| llama_s8192 | bf16 | 1e-02 | 0 | - | - | - | base OOM |"))
+      << loss.output;
+  EXPECT_TRUE(
+      contains(loss.output, "- llama_s8192: in step 1: out of GPU memory: asked for 8192 MB"))
+      << loss.output;
+  EXPECT_TRUE(contains(loss.output, "total: 0/1 cases passed, 1 not compared (base out of memory)"))
+      << loss.output;
+
+  const test::CommandResult perf = test::run_cli("summarize " + dirs);
+  EXPECT_EQ(perf.exit_code, 0) << perf.output;
+  EXPECT_TRUE(
+      contains(perf.output,
+               "| llama_s8192 | bf16 | 2 | OOM | 200.00 | - | OOM | 40960 | - | OOM | 40000 "
+               "| - | - | OOM | 40100 | - |"))
+      << perf.output;
+
+  // The other way round the flash run did not fit: that fails.
+  const test::CommandResult reversed =
+      test::run_cli("compare-loss " + fixture("oom_flash") + " " + fixture("oom_base"));
+  EXPECT_EQ(reversed.exit_code, 1) << reversed.output;
+  EXPECT_TRUE(contains(reversed.output, "the test run stopped in step 1: out of GPU memory"))
+      << reversed.output;
 }
 
 TEST(SummarizeCli, UnpairedCaseExits1AndBadInputExits2) {
@@ -295,6 +325,48 @@ TEST(RunMatrix, GoesOnPastAFailedCaseAndSaysSo) {
   EXPECT_TRUE(fs::exists(fs::path(logdir) / "flash" / "tiny.jsonl"));
   EXPECT_TRUE(contains(read_file(fs::path(logdir) / "compare-loss_baseline_vs_flash.md"),
                        "total: 1/1 cases passed"));
+}
+
+// A case whose log records that it ran out of memory is a result, not a failed case: the
+// matrix says so and leaves the judgement to the reports. A stand-in CLI plays the GPU run: its
+// naive training stops out of memory in step 1, its flash training writes a complete log, and
+// the reports are the real CLI's.
+TEST(RunMatrix, ABaselineOutOfMemoryIsAResultNotAFailure) {
+  if (!have_python()) GTEST_SKIP() << "python3 not found";
+  test::TempDir dir;
+  const std::string cli = dir.file("flashtrain");
+  std::ofstream(cli) << "#!/bin/sh\n"
+                        "[ \"$1\" = train ] || exec '" FLASHTRAIN_CLI
+                        "' \"$@\"\n"
+                        "while [ $# -gt 0 ]; do\n"
+                        "  case \"$1\" in --log) log=$2;; --attention) att=$2;; esac; shift\n"
+                        "done\n"
+                        "if [ \"$att\" = naive ]; then\n"
+                        "  cp '" +
+                            test::source_path("tests/fixtures/report/oom_base/llama_s8192.jsonl") +
+                            "' \"$log\"\n"
+                            "  echo 'error: out of GPU memory' >&2; exit 1\n"
+                            "fi\n"
+                            "cp '" +
+                            test::source_path("tests/fixtures/report/oom_flash/llama_s8192.jsonl") +
+                            "' \"$log\"\n";
+  fs::permissions(cli, fs::perms::owner_all);
+  std::ofstream(dir.file("config.json")) << R"({
+    "defaults": {"device": "cuda", "batch": 1, "seq_len": 8192, "steps": 3},
+    "cases": [{"name": "big", "model": "llama3-1b", "dtype": "bf16"}],
+    "groups": {"baseline": {"attention": "naive"}, "flash": {"attention": "flash"}},
+    "compare": [{"base": "baseline", "test": "flash"}]
+  })";
+  const std::string logdir = dir.file("runs");
+  const test::CommandResult r =
+      test::run_shell("python3 scripts/run_matrix.py '" + dir.file("config.json") + "' --logdir '" +
+                      logdir + "' --cli '" + cli + "'");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "baseline/big ... out of memory in step 1")) << r.output;
+  EXPECT_TRUE(contains(r.output, "out of memory: baseline/big (its log says so")) << r.output;
+  EXPECT_FALSE(contains(r.output, "FAILED")) << r.output;
+  EXPECT_TRUE(contains(r.output, "| big | bf16 | 1e-02 | 0 | - | - | - | base OOM |")) << r.output;
+  EXPECT_TRUE(contains(r.output, "| big | bf16 | 2 | OOM | 200.00 |")) << r.output;
 }
 
 TEST(RunMatrix, BadConfigExits2WithWhereAndWhat) {

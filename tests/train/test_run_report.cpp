@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "test_util.h"
 #include "train/run_report.h"
@@ -41,6 +43,19 @@ std::string json_log(const std::string& dtype, const std::vector<double>& losses
     out += to_json(r).dump() + "\n";
   }
   return out + R"({"event":"summary","steps":4})" + "\n";
+}
+
+// The log of a run that logged `losses` and then stopped in the next step (trainer.cpp).
+std::string stopped_log(const std::string& dtype, const std::vector<double>& losses,
+                        int64_t declared_steps, const std::string& kind,
+                        const std::string& message) {
+  std::string out = json_log(dtype, losses, {}, 100.0, declared_steps);
+  out = out.substr(0, out.find(R"({"event":"summary")"));
+  nlohmann::json e = {{"event", "error"},
+                      {"step", static_cast<int64_t>(losses.size()) + 1},
+                      {"kind", kind},
+                      {"message", message}};
+  return out + e.dump() + "\n";
 }
 
 RunLog parse_json(const std::string& text, const std::string& path = "case.jsonl") {
@@ -191,6 +206,30 @@ TEST(RunLog, TextNanLossIsReadAndFailsTheComparison) {
   EXPECT_TRUE(std::isinf(c.max_abs_diff));
 }
 
+TEST(RunLog, ReadsTheErrorLineOfARunThatStopped) {
+  const RunLog oom = parse_json(
+      stopped_log("bf16", {}, 20, "out_of_memory", "out of GPU memory: asked for 8192 MB"));
+  ASSERT_TRUE(oom.ok()) << oom.error;  // no step, but it says why: a valid log
+  ASSERT_TRUE(oom.failure.has_value());
+  EXPECT_TRUE(oom.failure->out_of_memory());
+  EXPECT_EQ(oom.failure->step, 1);
+  EXPECT_EQ(oom.failure->line, 2);
+  EXPECT_EQ(oom.failure->message, "out of GPU memory: asked for 8192 MB");
+
+  const RunLog diverged =
+      parse_json(stopped_log("fp32", {10.0, 9.0}, 5, "error", "training diverged"));
+  ASSERT_TRUE(diverged.ok()) << diverged.error;
+  EXPECT_EQ(diverged.steps.size(), 2u);
+  EXPECT_EQ(diverged.failure->step, 3);
+  EXPECT_FALSE(diverged.failure->out_of_memory());
+
+  const RunLog bad = parse_json(run_line("fp32") + "\n" + R"({"event":"error","step":1})" + "\n");
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.error.find("case.jsonl:2: the error line needs \"kind\" (a string)"),
+            std::string::npos)
+      << bad.error;
+}
+
 TEST(RunLog, LoadRunsReadsADirectoryAndRefusesTwoLogsOfOneCase) {
   test::TempDir dir;
   EXPECT_THROW(load_runs(dir.file("missing")), Error);
@@ -339,6 +378,51 @@ TEST(LossReport, UnreadableLogIsBadInput) {
       std::string::npos);
 }
 
+TEST(LossReport, ABaselineOutOfMemoryIsNotComparedButTheTestMustBeComplete) {
+  const RunLog oom = parse_json(
+      stopped_log("bf16", {10.0}, 3, "out_of_memory", "out of GPU memory: asked for 8192 MB"));
+  const RunLog full = parse_json(json_log("bf16", {10.001, 9.5, 9.0}));
+  const RunLog cut = parse_json(json_log("bf16", {10.0, 9.5}, {}, 100.0, 3));
+
+  // The steps before the baseline stopped are compared; the case neither passes nor fails.
+  const std::vector<LossComparison> cases = compare_all_losses({{"big", &oom, &full}}, {});
+  const LossComparison& c = cases[0];
+  EXPECT_FALSE(c.passed());
+  EXPECT_TRUE(c.baseline_did_not_fit());
+  EXPECT_EQ(c.steps_compared, 1);
+  EXPECT_TRUE(c.missing_in_base.empty());
+  EXPECT_EQ(loss_exit_code(cases), report_ok);
+  const std::string report = render_loss_report(cases, {});
+  EXPECT_NE(report.find("| big | bf16 | 1e-02 | 1 | 1.00e-03 | 1 | - | base OOM |"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("- big: in step 2: out of GPU memory: asked for 8192 MB"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("bf16: 0/1 cases passed, 1 not compared (base out of memory)"),
+            std::string::npos)
+      << report;
+
+  // The test run must still be complete, and agree where both logged.
+  const LossComparison short_test = compare_losses({"big", &oom, &cut}, {});
+  EXPECT_FALSE(short_test.baseline_did_not_fit());
+  EXPECT_EQ(short_test.missing_in_test, (std::vector<int64_t>{3}));
+  EXPECT_EQ(loss_exit_code({short_test}), report_case_failed);
+  const RunLog far = parse_json(json_log("bf16", {10.5, 9.5, 9.0}));
+  EXPECT_FALSE(compare_losses({"big", &oom, &far}, {}).baseline_did_not_fit());
+
+  // A test run out of memory, or a baseline that stopped for another reason, fails the case.
+  const LossComparison test_oom = compare_losses({"big", &full, &oom}, {});
+  EXPECT_FALSE(test_oom.passed() || test_oom.baseline_did_not_fit());
+  EXPECT_NE(test_oom.problems.at(0).find("the test run stopped in step 2: out of GPU memory"),
+            std::string::npos);
+  const RunLog diverged = parse_json(stopped_log("bf16", {10.0}, 3, "error", "training diverged"));
+  const LossComparison base_error = compare_losses({"big", &diverged, &full}, {});
+  EXPECT_FALSE(base_error.passed() || base_error.baseline_did_not_fit());
+  EXPECT_NE(base_error.problems.at(0).find("the base run stopped in step 2: training diverged"),
+            std::string::npos);
+}
+
 // ---- performance ----
 
 TEST(PerfReport, AveragesAfterStepOneAndComputesRatios) {
@@ -366,14 +450,53 @@ TEST(PerfReport, AveragesAfterStepOneAndComputesRatios) {
 
   const std::string md = render_perf_markdown(rows, {}, false);
   EXPECT_NE(md.find("| case | fp32 | 3 | 50.00 | 25.00 | 2.00x |"), std::string::npos) << md;
-  EXPECT_NE(md.find("| 1000 | 600 | +40.0% |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| 1000 | 600 | +40.0% | 400 (0) |"), std::string::npos) << md;
   EXPECT_NE(md.find("avg ms (baseline) | avg ms (flash)"), std::string::npos) << md;
   const std::string csv = render_perf_csv(rows);
   EXPECT_EQ(csv.substr(0, csv.find('\n')),
             "case,dtype,steps_base,steps_test,ms_base,ms_test,speedup,tok_per_s_base,"
             "tok_per_s_test,tok_per_s_gain,peak_used_mb_base,peak_used_mb_test,peak_used_saved,"
-            "peak_reserved_mb_base,peak_reserved_mb_test,peak_reserved_saved,problem");
+            "peak_reserved_mb_base,peak_reserved_mb_test,peak_reserved_saved,peak_used_saved_mb,"
+            "attention_saved_mb_base,attention_saved_mb_test,expected_saved_mb,base_out_of_memory,"
+            "problem");
   EXPECT_NE(csv.find("\ncase,fp32,3,3,50,25,2,"), std::string::npos) << csv;
+}
+
+TEST(PerfReport, ExpectedSavingIsWhatTheAttentionKeptOnEachSide) {
+  RunLog base = parse_json(json_log("bf16", {1, 1, 1}, {}, 1000));
+  RunLog test = parse_json(json_log("bf16", {1, 1, 1}, {}, 600));
+  for (LoggedStep& s : base.steps) s.attention_saved_mb = 350.0;
+  for (LoggedStep& s : test.steps) s.attention_saved_mb = 2.0;
+  const std::vector<PerfRow> rows = summarize_runs({{"case", &base, &test}}, false);
+  EXPECT_DOUBLE_EQ(*rows[0].peak_used_saved_mb(), 400.0);
+  EXPECT_DOUBLE_EQ(*rows[0].expected_saved_mb(), 348.0);
+  const std::string md = render_perf_markdown(rows, {}, false);
+  EXPECT_NE(md.find("| +40.0% | 400 (348) |"), std::string::npos) << md;
+  EXPECT_NE(render_perf_csv(rows).find(",400,350,2,348,,\n"), std::string::npos)
+      << render_perf_csv(rows);
+}
+
+TEST(PerfReport, ABaselineOutOfMemoryShowsTheTestSideOnly) {
+  const RunLog oom = parse_json(
+      stopped_log("bf16", {}, 4, "out_of_memory", "out of GPU memory: asked for 8192 MB"));
+  const RunLog test = parse_json(json_log("bf16", {1, 1, 1, 1}, {90, 20, 25, 30}, 600));
+  const std::vector<PerfRow> rows = summarize_runs({{"big", &oom, &test}}, false);
+  ASSERT_TRUE(rows[0].summarized());
+  EXPECT_FALSE(rows[0].speedup().has_value());
+  EXPECT_FALSE(rows[0].peak_used_saved().has_value());
+  EXPECT_EQ(perf_exit_code(rows), report_ok);
+  const std::string md = render_perf_markdown(rows, {}, false);
+  EXPECT_NE(md.find("| big | bf16 | 3 | OOM | 25.00 | - | OOM | 2631 | - | OOM | 600 | - | - | "
+                    "OOM | 620 | - |"),
+            std::string::npos)
+      << md;
+  EXPECT_NE(md.find("- big: in step 1: out of GPU memory"), std::string::npos) << md;
+  const std::string csv = render_perf_csv(rows);
+  EXPECT_NE(
+      csv.find("\nbig,bf16,,3,,25,,,2631.111111,,,600,,,620,,,,0,,in step 1: out of GPU memory: "
+               "asked for 8192 MB,\n"),
+      std::string::npos)
+      << csv;
 }
 
 TEST(PerfReport, MissingFieldsShowAsDashAndOneStepRunsNeedIncludeStep1) {
