@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # GPU training throughput, flashtrain beside the PyTorch eager peer in the same call:
 # GPT-2 124M batch 8 x 1024 in bf16 and fp32, and the llama3-1b shape batch 4 x 2048 in bf16,
-# with naive attention on both sides, then flash attention against PyTorch's SDPA.
+# with naive attention on both sides, then flash attention against PyTorch's SDPA (eager, and
+# torch.compile'd for GPT-2 at batch 16).
 # RUNS selects rows (default: all). Runs on the GPU machine over build-gpu/carry.
 # Output: one line per run, flashtrain's summary and the peer's JSON; logs under $OUT.
 set -uo pipefail
 out="${OUT:-gpu-out}"
 mkdir -p "$out"
-[ -d build-gpu/carry ] || tar -C build-gpu -xJf build-gpu/carry.tar.xz || exit 1
+source scripts/gpu_env.sh || exit 1
 cli=build-gpu/carry/flashtrain
 steps="${STEPS:-20}"
 run() {  # name, flashtrain flags, peer flags
@@ -30,6 +31,12 @@ run gpt2_bf16_flash "--model gpt2 --batch-size 8 --seq-len 1024 --dtype bf16 --a
   "--model gpt2 --batch-size 8 --seq-len 1024 --dtype bf16 --attention sdpa"
 run gpt2_fp32_flash "--model gpt2 --batch-size 8 --seq-len 1024 --dtype fp32 --attention flash" \
   "--model gpt2 --batch-size 8 --seq-len 1024 --dtype fp32 --attention sdpa"
+# The torch.compile reference of the end-to-end bar: GPT-2 bf16 at batch 16, ours with flash
+# against PyTorch's SDPA eager and compiled (the first warm-up step compiles).
+run gpt2_bf16_b16_flash "--model gpt2 --batch-size 16 --seq-len 1024 --dtype bf16 --attention flash" \
+  "--model gpt2 --batch-size 16 --seq-len 1024 --dtype bf16 --attention sdpa"
+run gpt2_bf16_b16_compile "--model gpt2 --batch-size 16 --seq-len 1024 --dtype bf16 --attention flash" \
+  "--model gpt2 --batch-size 16 --seq-len 1024 --dtype bf16 --attention sdpa --compile"
 run llama1b_bf16_flash \
   "--model llama3-1b --batch-size 4 --seq-len 2048 --dtype bf16 --attention flash" \
   "--model llama3-1b --batch-size 4 --seq-len 2048 --dtype bf16 --attention sdpa"

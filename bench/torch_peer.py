@@ -1,5 +1,5 @@
 """PyTorch peer for the training benchmarks: the same GPT-2 / LLaMA-3 shapes as flashtrain's
-presets, trained eagerly with AdamW on random tokens, attention either "naive" (matmul, mask,
+presets, trained eagerly (or with --compile, torch.compile'd) with AdamW on random tokens, attention either "naive" (matmul, mask,
 softmax, matmul, materialising S x S) or "sdpa" (torch's scaled_dot_product_attention).
 Prints one JSON line: tok/s (median over the timed steps), ms/step, peak allocated/reserved MB.
 
@@ -129,6 +129,8 @@ def main():
     ap.add_argument("--attention", default="naive", choices=["naive", "sdpa"])
     ap.add_argument("--steps", type=int, default=20, help="timed steps (after --warmup)")
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile the model (default mode; the first warm-up step compiles)")
     args = ap.parse_args()
 
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 is true fp32, as in flashtrain
@@ -137,6 +139,8 @@ def main():
     dev = "cuda"
     model = Model(args.model, args.seq_len, args.attention).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    if args.compile:
+        model = torch.compile(model)
     V = PRESETS[args.model][6]
     B, T = args.batch_size, args.seq_len
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.dtype == "bf16")
@@ -158,7 +162,7 @@ def main():
             times.append(time.perf_counter() - t0)
     ms = statistics.median(times) * 1000
     print(json.dumps({
-        "peer": "pytorch-eager", "torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
+        "peer": "pytorch-compile" if args.compile else "pytorch-eager", "torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
         "model": args.model, "dtype": args.dtype, "attention": args.attention, "batch": B,
         "seq_len": T, "ms": round(ms, 2), "tok_per_s": round(B * T / (ms / 1000)),
         "peak_allocated_mb": round(torch.cuda.max_memory_allocated() / 2**20),

@@ -1,9 +1,10 @@
 # Sourced (not run) by the scripts that run on the GPU machine from the repository root
-# (gpu_check.sh, gpu_attention.sh, gpu_profile.sh): the CUDA tools and libraries on the paths,
-# /work/main pointing at this checkout (the binaries find data/ and the sources through the path
-# compiled into them), and the binaries of scripts/build_gpu.sh unpacked from
-# build-gpu/carry.tar.xz into build-gpu/carry, with build-gpu/flashtrain (the path the CLI tests
-# run) linked to the carried CLI. Returns non-zero when there is nothing to unpack.
+# (gpu_check.sh, gpu_attention.sh, gpu_profile.sh, gpu_study.sh, bench/gpu_train.sh): the CUDA
+# tools and libraries on the paths, /work/main pointing at this checkout (the binaries find
+# data/ and the sources through the path compiled into them), and the binaries of
+# scripts/build_gpu.sh unpacked from build-gpu/carry.tar.xz into build-gpu/carry, with
+# build-gpu/flashtrain (the path the CLI tests run) linked to the carried CLI. Returns non-zero
+# when there is nothing to unpack.
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export PATH="/usr/local/cuda/bin:$PATH"
 if [ ! -e /work/main/data ]; then mkdir -p /work && ln -sfn "$PWD" /work/main; fi
