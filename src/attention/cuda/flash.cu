@@ -3,7 +3,8 @@
 // zeroed) and the dQ conversion, and picks the compiled kernel of the configuration.
 //
 // Memory: o and lse forward; backward D [B, Hq, S] fp32 and, for bf16, a dQ buffer
-// [B, S, Hq, D] fp32. Nothing of size S x S.
+// [B, S, Hq, D] fp32; for fp32 with grouped-query attention, per-query-head parts of dK and dV,
+// 2 x [B, S, Hq, D] fp32. Nothing of size S x S.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -234,6 +235,12 @@ Gradients flash_backward(const Problem& p, const Tensor& q, const Tensor& k, con
   const int64_t rows = p.batch * p.seq_len * p.q_heads;
   const cudaStream_t stream = ft::cuda::current_stream();
   if (!bf16) {
+    Tensor dkv_part;  // freed stream-ordered, after the kernels that use it
+    if (p.q_heads != p.kv_heads) {
+      dkv_part =
+          Tensor::empty({2, p.batch, p.seq_len, p.q_heads, p.head_dim}, DType::f32, Device::cuda);
+      fp.dkv_part = dkv_part.data<float>();
+    }
     backward_preprocess_fp32_kernel<<<blocks_for(rows * 32, 256), 256, 0, stream>>>(
         fwd.o.data<float>(), dout.data<float>(), fp.dsum, rows, fp.seq_len, fp.q_heads,
         fp.head_dim);

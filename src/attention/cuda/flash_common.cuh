@@ -34,7 +34,10 @@ struct FlashParams {
   void* dk = nullptr;
   void* dv = nullptr;
   float* dq_accum = nullptr;  // [B, S, Hq, D] fp32 scratch (bf16 path)
-  float* dsum = nullptr;      // [B, Hq, S] fp32: D = rowsum(dO * O)
+  // fp32 path with more query heads than kv heads: [2, B, S, Hq, D] scratch, each query head's
+  // part of dK and of dV, summed over the group into dk and dv.
+  float* dkv_part = nullptr;
+  float* dsum = nullptr;  // [B, Hq, S] fp32: D = rowsum(dO * O)
   // Mask.
   const int32_t* segment_ids = nullptr;          // [B, S] or null
   const SegmentChunk* segment_chunks = nullptr;  // [B, ceil(S / 16)] or null

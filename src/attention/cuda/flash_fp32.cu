@@ -15,10 +15,13 @@
 // O = acc / sum and lse = max + log(sum); a row that saw no key gets O = 0 and lse = -inf.
 //
 // Backward, two passes without atomics (the same inputs give the same bits):
-//   dK/dV: one block per (64-key tile, kv head, batch row) walks the query tiles that may see its
-//     keys and, for each, every query head of the group: recompute P = exp(S - lse),
-//     dP = dO V^T, dS = P (dP - dsum); dV += P^T dO and dK += dS^T Q stay in registers and are
-//     written once.
+//   dK/dV: one block per (64-key tile, query head, batch row) walks the query tiles that may see
+//     its keys: recompute P = exp(S - lse), dP = dO V^T, dS = P (dP - dsum); dV += P^T dO and
+//     dK += dS^T Q stay in registers and are written once. With grouped-query attention each
+//     query head writes its part (FlashParams::dkv_part) and a last kernel sums the group's parts
+//     in head order into dK and dV: a block per kv head instead would leave a batch-1 causal
+//     backward with a few hundred blocks of very unequal length (the first key tile is seen by
+//     every query tile), one short wave whose longest block sets the time.
 //   dQ: one block per (64-query tile, query head, batch row) walks the visible key tiles,
 //     recomputes P and dS the same way and accumulates dQ = dS K.
 // At D = 256 the streamed operand of each backward pass comes in 32-row tiles, so that the four
@@ -476,8 +479,11 @@ __global__ void __launch_bounds__(kThreads, T::kMinBlocks)
   store_rows(p.o, p, p.q_heads, b, h, q0, inv_sum, acc);
 }
 
-// grid (key tiles, kv heads, batch). dK and dV of the block's keys, summed over the query heads
-// of the group, in registers; every element is written (zeros where no query sees the key).
+// grid (query heads, key tiles, batch): the heads of a key tile run side by side (a group shares
+// its K and V tiles), and under a causal mask the first key tiles, which the most query tiles
+// see, start first. dK and dV of the block's keys from its query head, in registers; every
+// element is written (zeros where no query sees the key): into dk and dv when each kv head has
+// one query head, else into the head's part of dkv_part.
 template <class T>
 __global__ void __launch_bounds__(kThreads, T::kMinBlocks)
     flash_fp32_dkv_kernel(const __grid_constant__ FlashParams p) {
@@ -493,8 +499,8 @@ __global__ void __launch_bounds__(kThreads, T::kMinBlocks)
   float* ds_tile = smem + Smem::dscores;
 
   const int S = p.seq_len, D = p.head_dim, group = p.group();
-  const int k0 = blockIdx.x * T::kBlockK, k1 = min(k0 + T::kBlockK, S);
-  const int kv = blockIdx.y, b = blockIdx.z;
+  const int h = blockIdx.x, kv = h / group, b = blockIdx.z;
+  const int k0 = blockIdx.y * T::kBlockK, k1 = min(k0 + T::kBlockK, S);
   const SegmentRows seg = segment_rows(p, b);
 
   load_tile<T::kBlockK, T::kStride>(k_tile, head_rows(p.k, p, p.kv_heads, b, kv), k0, S, D);
@@ -508,33 +514,61 @@ __global__ void __launch_bounds__(kThreads, T::kMinBlocks)
     const int q1 = min(q0 + T::kBlockQ, S);
     const Cover cover = classify(p, seg.chunks, query_span(seg, q0, q1), q0, q1, k0, k1);
     if (cover == Cover::hidden) continue;  // the same for the whole block
-    for (int h = kv * group; h < (kv + 1) * group; ++h) {
-      const RowStats<T::kRows> st =
-          row_stats<T::kRows>(p, seg.ids, b, h, q0 + thread_row() * T::kRows);
-      // The previous tile's reads of Q, dO, P and dS are done.
-      __syncthreads();
-      load_tile<T::kBlockQ, T::kStride>(q_tile, head_rows(p.q, p, p.q_heads, b, h), q0, S, D);
-      load_tile<T::kBlockQ, T::kStride>(do_tile, head_rows(p.dout, p, p.q_heads, b, h), q0, S, D);
-      __syncthreads();
+    const RowStats<T::kRows> st =
+        row_stats<T::kRows>(p, seg.ids, b, h, q0 + thread_row() * T::kRows);
+    // The previous tile's reads of Q, dO, P and dS are done.
+    __syncthreads();
+    load_tile<T::kBlockQ, T::kStride>(q_tile, head_rows(p.q, p, p.q_heads, b, h), q0, S, D);
+    load_tile<T::kBlockQ, T::kStride>(do_tile, head_rows(p.dout, p, p.q_heads, b, h), q0, S, D);
+    __syncthreads();
 
-      float s[T::kRows][T::kCols], dp[T::kRows][T::kCols];
-      score_tile<T>(q_tile, k_tile, D, s);
-      score_tile<T>(do_tile, v_tile, D, dp);
-      probabilities_and_gradient<T>(p, cover, seg.ids, st, q0, k0, s, dp);
-      store_scores<T>(p_tile, s);
-      store_scores<T>(ds_tile, dp);
-      __syncthreads();
-      accumulate_product<T::kBlockQ, T::kScoreStride, true, T::kChunks, T::kStride>(p_tile, do_tile,
-                                                                                    D, dv);
-      accumulate_product<T::kBlockQ, T::kScoreStride, true, T::kChunks, T::kStride>(ds_tile, q_tile,
-                                                                                    D, dk);
-    }
+    float s[T::kRows][T::kCols], dp[T::kRows][T::kCols];
+    score_tile<T>(q_tile, k_tile, D, s);
+    score_tile<T>(do_tile, v_tile, D, dp);
+    probabilities_and_gradient<T>(p, cover, seg.ids, st, q0, k0, s, dp);
+    store_scores<T>(p_tile, s);
+    store_scores<T>(ds_tile, dp);
+    __syncthreads();
+    accumulate_product<T::kBlockQ, T::kScoreStride, true, T::kChunks, T::kStride>(p_tile, do_tile,
+                                                                                  D, dv);
+    accumulate_product<T::kBlockQ, T::kScoreStride, true, T::kChunks, T::kStride>(ds_tile, q_tile,
+                                                                                  D, dk);
   }
 
   const float dk_factor[4] = {p.scale, p.scale, p.scale, p.scale};
   const float dv_factor[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-  store_rows(p.dk, p, p.kv_heads, b, kv, k0, dk_factor, dk);
-  store_rows(p.dv, p, p.kv_heads, b, kv, k0, dv_factor, dv);
+  if (group == 1) {
+    store_rows(p.dk, p, p.kv_heads, b, kv, k0, dk_factor, dk);
+    store_rows(p.dv, p, p.kv_heads, b, kv, k0, dv_factor, dv);
+  } else {
+    const int64_t part = static_cast<int64_t>(p.batch) * S * p.q_heads * D;
+    store_rows(p.dkv_part, p, p.q_heads, b, h, k0, dk_factor, dk);
+    store_rows(p.dkv_part + part, p, p.q_heads, b, h, k0, dv_factor, dv);
+  }
+}
+
+// dK and dV [B, S, Hkv, D] from the parts of dkv_part: each float4 the sum over the group's query
+// heads in head order (a fixed order: the same inputs give the same bits). One thread per float4.
+__global__ void sum_group_parts_kernel(const __grid_constant__ FlashParams p) {
+  const int vecs = p.head_dim / 4, group = p.group();
+  const int64_t n = static_cast<int64_t>(p.batch) * p.seq_len * p.kv_heads * vecs;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int64_t row = i / (p.kv_heads * vecs);  // (batch, position)
+  const int within = static_cast<int>(i - row * p.kv_heads * vecs);
+  const int kv = within / vecs, c = within - kv * vecs;
+  const auto* dk_part = reinterpret_cast<const float4*>(p.dkv_part);
+  const float4* dv_part = dk_part + n * group;
+  int64_t src = (row * p.q_heads + static_cast<int64_t>(kv) * group) * vecs + c;
+  float4 dk = dk_part[src], dv = dv_part[src];
+  for (int g = 1; g < group; ++g) {
+    src += vecs;
+    const float4 a = dk_part[src], v = dv_part[src];
+    dk = make_float4(dk.x + a.x, dk.y + a.y, dk.z + a.z, dk.w + a.w);
+    dv = make_float4(dv.x + v.x, dv.y + v.y, dv.z + v.z, dv.w + v.w);
+  }
+  reinterpret_cast<float4*>(p.dk)[i] = dk;
+  reinterpret_cast<float4*>(p.dv)[i] = dv;
 }
 
 // grid (query tiles, query heads, batch), last tiles first as in the forward. dQ of the block's
@@ -605,8 +639,9 @@ void check_params(const FlashParams& p, bool backward) {
            " must be a multiple of kv heads ", p.kv_heads);
   FT_CHECK(p.seq_len > 0 && p.batch > 0, "flash fp32: batch ", p.batch, " and seq len ", p.seq_len,
            " must be positive");
-  FT_CHECK(p.batch <= 65535 && p.q_heads <= 65535, "flash fp32: batch ", p.batch, " and q heads ",
-           p.q_heads, " must be at most 65535 (grid y/z)");
+  FT_CHECK(p.batch <= 65535 && p.q_heads <= 65535 && p.seq_len <= 65535 * 64, "flash fp32: batch ",
+           p.batch, " and q heads ", p.q_heads, " must be at most 65535, seq len ", p.seq_len,
+           " at most ", 65535 * 64, " (grid y/z)");
   FT_CHECK((p.segment_ids == nullptr) == (p.segment_chunks == nullptr),
            "flash fp32: segment ids and their chunk summary must be given together");
   // float4 loads and stores: the base of every [B, S, H, D] tensor must be 16-byte aligned (rows
@@ -614,6 +649,9 @@ void check_params(const FlashParams& p, bool backward) {
   bool aligned = aligned16(p.q) && aligned16(p.k) && aligned16(p.v);
   if (backward) {
     aligned = aligned && aligned16(p.dout) && aligned16(p.dq) && aligned16(p.dk) && aligned16(p.dv);
+    FT_CHECK(p.group() == 1 || p.dkv_part != nullptr,
+             "flash fp32: grouped-query backward needs the dK/dV part buffer (dkv_part)");
+    aligned = aligned && aligned16(p.dkv_part);
   } else {
     aligned = aligned && aligned16(p.o);
   }
@@ -657,8 +695,13 @@ void backward(const FlashParams& p, cudaStream_t stream) {
   using Dq = DqTiles<kHeadDimMax>;
   static_assert(DkvSmem<Dkv>::floats * sizeof(float) <= kMaxSmemBytes);
   static_assert(DqSmem<Dq>::floats * sizeof(float) <= kMaxSmemBytes);
-  launch(flash_fp32_dkv_kernel<Dkv>, dim3(tiles(p.seq_len, Dkv::kBlockK), p.kv_heads, p.batch),
+  launch(flash_fp32_dkv_kernel<Dkv>, dim3(p.q_heads, tiles(p.seq_len, Dkv::kBlockK), p.batch),
          DkvSmem<Dkv>::floats, p, stream);
+  if (p.group() > 1) {
+    const int64_t n = static_cast<int64_t>(p.batch) * p.seq_len * p.kv_heads * (p.head_dim / 4);
+    sum_group_parts_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(p);
+    FT_CUDA_CHECK_LAUNCH();
+  }
   launch(flash_fp32_dq_kernel<Dq>, dim3(tiles(p.seq_len, Dq::kBlockQ), p.q_heads, p.batch),
          DqSmem<Dq>::floats, p, stream);
 }
