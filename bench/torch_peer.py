@@ -144,30 +144,48 @@ def main():
     V = PRESETS[args.model][6]
     B, T = args.batch_size, args.seq_len
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.dtype == "bf16")
-    times = []
-    torch.cuda.reset_peak_memory_stats()
-    for step in range(args.warmup + args.steps):
+    def train_step():
         idx = torch.randint(0, 50257, (B, T), device=dev)
         tgt = torch.randint(0, 50257, (B, T), device=dev)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
         with autocast:
             loss = model(idx, tgt)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        return loss
+
+    times = []
+    torch.cuda.reset_peak_memory_stats()
+    for step in range(args.warmup + args.steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = train_step()
         torch.cuda.synchronize()
         if step >= args.warmup:
             times.append(time.perf_counter() - t0)
     ms = statistics.median(times) * 1000
     print(json.dumps({
-        "peer": "pytorch-compile" if args.compile else "pytorch-eager", "torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
+        "peer": "pytorch-compile" if args.compile else "pytorch-eager",
+        "torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
         "model": args.model, "dtype": args.dtype, "attention": args.attention, "batch": B,
         "seq_len": T, "ms": round(ms, 2), "tok_per_s": round(B * T / (ms / 1000)),
         "peak_allocated_mb": round(torch.cuda.max_memory_allocated() / 2**20),
         "peak_reserved_mb": round(torch.cuda.max_memory_reserved() / 2**20),
-        "loss": round(loss.item(), 4)}))
+        "loss": round(loss.item(), 4),
+        "attention_kernels": attention_kernels(train_step) if args.attention == "sdpa" else None}))
+
+
+def attention_kernels(train_step):
+    """The GPU kernels of one more step whose names say attention: which backend SDPA picked
+    (FlashAttention-2 "flash_*", cuDNN "*sdpa*"/"cudnn*", memory-efficient "fmha_*")."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        train_step()
+        torch.cuda.synchronize()
+    keys = ("flash", "fmha", "sdpa", "cudnn", "attention")
+    return sorted({e.key[:80] for e in prof.key_averages()
+                   if any(k in e.key.lower() for k in keys)})
 
 
 if __name__ == "__main__":
