@@ -28,11 +28,11 @@ Writes, under the log directory:
   compare-loss_<base>_vs_<test>.md, summary_<base>_vs_<test>.{md,csv}
                             `flashtrain compare-loss` and `flashtrain summarize` on each pair
   plots_<base>_vs_<test>/   with --plot (scripts/plot_runs.py; needs matplotlib)
-A case that fails is reported and the matrix goes on. A case whose log records that it ran out
-of memory is not a failed case: compare-loss and summarize judge it (a baseline that does not
-fit is reported as such; a test run that does not fit fails its comparison). Exit status: 0
-every case ran or ran out of memory and every comparison passed; 1 a case or a comparison
-failed; 2 a bad config or command line.
+A case that fails is reported and the matrix goes on. A case of a base group (a "base" of
+"compare") whose log records that it ran out of memory is not a failed case: compare-loss and
+summarize report it as a baseline that does not fit. Exit status: 0 every case ran (or, in a
+base group, ran out of memory) and every comparison passed; 1 a case or a comparison failed;
+2 a bad config or command line.
 Standard library only.
 """
 
@@ -344,8 +344,9 @@ def main():
     p = argparse.ArgumentParser(
         description="Run a matrix of training cases, then compare-loss and summarize each "
                     "configured pair of groups.",
-        epilog="Exit status: 0 every case ran and every comparison passed; 1 a case or a "
-               "comparison failed; 2 a bad config or command line.")
+        epilog="Exit status: 0 every case ran (or, in a base group, ran out of memory) and "
+               "every comparison passed; 1 a case or a comparison failed; 2 a bad config or "
+               "command line.")
     p.add_argument("config", help="matrix config (JSON), e.g. configs/cpu_smoke.json")
     p.add_argument("--logdir", help="where the logs go (default: runs/<config name>)")
     p.add_argument("--cli", default=os.environ.get("FLASHTRAIN_CLI", "build/flashtrain"),
@@ -399,6 +400,7 @@ def main():
     if not args.only:
         warn_stale_logs(logdir, runs)
     results, failed, out_of_memory = [], [], []
+    base_groups = {c["base"] for c in comparisons}
     for i, (group, case) in enumerate(runs, 1):
         os.makedirs(os.path.join(logdir, group), exist_ok=True)
         log = os.path.join(logdir, group, case["name"] + ".jsonl")
@@ -410,9 +412,9 @@ def main():
         print(f"[{i}/{len(runs)}] {label} ...", end=" ", flush=True)
         status, code, seconds = run_case(cmd, out, args.timeout)
         failure = recorded_failure(log) if status != "ok" else None
-        if failure and failure.get("kind") == "out_of_memory":
-            # A result, not a broken case: compare-loss and summarize report it ("base OOM"),
-            # and fail the comparison if it was the test side.
+        if failure and failure.get("kind") == "out_of_memory" and group in base_groups:
+            # A baseline that does not fit is a result, not a broken case: compare-loss and
+            # summarize report it ("base OOM"). Any other group's run out of memory fails.
             status = f"out of memory in step {failure.get('step')}"
             print(f"{status} ({seconds:.1f} s): {failure.get('message', '')}", flush=True)
         else:

@@ -131,6 +131,7 @@ std::set<int64_t> expected_steps(const RunLog& base, const RunLog& test) {
       declared = std::max(declared, s.total_steps);
     }
   }
+  if (steps.empty()) return steps;  // both runs stopped before their first step
   const int64_t first = *steps.begin();
   if (declared - first < kMaxExpectedSteps) {
     for (int64_t s = first; s <= declared; ++s) steps.insert(s);

@@ -416,6 +416,18 @@ TEST(LossReport, ABaselineOutOfMemoryIsNotComparedButTheTestMustBeComplete) {
   EXPECT_FALSE(test_oom.passed() || test_oom.baseline_did_not_fit());
   EXPECT_NE(test_oom.problems.at(0).find("the test run stopped in step 2: out of GPU memory"),
             std::string::npos);
+  // Both sides out of memory in step 1: nothing logged on either side, the test run failed.
+  const RunLog test_oom_at_once = parse_json(
+      stopped_log("bf16", {}, 3, "out_of_memory", "out of GPU memory: asked for 9000 MB"));
+  const RunLog base_oom_at_once = parse_json(
+      stopped_log("bf16", {}, 3, "out_of_memory", "out of GPU memory: asked for 8192 MB"));
+  const LossComparison neither = compare_losses({"big", &base_oom_at_once, &test_oom_at_once}, {});
+  EXPECT_EQ(neither.steps_compared, 0);
+  EXPECT_FALSE(neither.passed() || neither.baseline_did_not_fit());
+  EXPECT_EQ(loss_exit_code({neither}), report_case_failed);
+  EXPECT_FALSE(
+      summarize_runs({{"big", &base_oom_at_once, &test_oom_at_once}}, false)[0].summarized());
+
   const RunLog diverged = parse_json(stopped_log("bf16", {10.0}, 3, "error", "training diverged"));
   const LossComparison base_error = compare_losses({"big", &diverged, &full}, {});
   EXPECT_FALSE(base_error.passed() || base_error.baseline_did_not_fit());
