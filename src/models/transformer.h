@@ -67,8 +67,9 @@ class Transformer {
   void forward_logits(const Tensor& tokens, const Tensor& segment_ids = {});
   const Tensor& logits() const { return logits_; }
 
-  // Bytes the attention of all layers kept from the last forward for backward: the S x S
-  // probabilities of naive attention, the log-sum-exp rows of flash (0 before any forward).
+  // Bytes the attention of all layers kept from the last forward for backward (its lse and
+  // saved tensors): naive's S x S probabilities and log-sum-exp rows, flash's log-sum-exp rows
+  // and, with segment ids, their chunk summary (0 before any forward).
   int64_t attention_saved_bytes() const { return attention_saved_bytes_; }
 
   // Backpropagates the last forward(); d(loss) = loss_scale, parameter grads accumulate.

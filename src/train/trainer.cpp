@@ -298,7 +298,7 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
   } catch (const std::bad_alloc&) {
     log_failure("out_of_memory", "out of host memory (std::bad_alloc)");
     throw;
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     log_failure("error", e.what());
     throw;
   }

@@ -28,9 +28,11 @@
 // D-wide tiles fit in shared memory (227 KB per block).
 //
 // Traffic: the forward reads Q and writes O and lse once, and reads K and V once per visible
-// (query tile, key tile) pair, about 2 * D * attended pairs / 64 floats. The dK/dV pass reads Q,
-// dO, lse and dsum once per visible pair, the dQ pass K and V once per visible pair; dq, dk and
-// dv are written once. Nothing of size S x S exists.
+// (query tile, key tile) pair, about 2 * D * attended pairs / 64 floats. The dK/dV pass reads K
+// and V once per block (once per query head of the group), and Q, dO, lse and dsum once per
+// visible pair; with GQA it writes the 2 x [B, S, Hq, D] parts, which the sum reads once. The dQ
+// pass reads K and V once per visible pair; dq, dk and dv are written once. Nothing of size
+// S x S exists.
 #include <cuda_runtime.h>
 
 #include <cmath>

@@ -24,6 +24,12 @@ void* pool_allocate(size_t nbytes) {
     cudaGetLastError();
     size_t free_bytes = 0, total_bytes = 0;
     cudaMemGetInfo(&free_bytes, &total_bytes);
+    // Only a request the pool cannot serve is out of memory; any other error here (a sticky
+    // fault of an earlier kernel) must not pass for one.
+    if (err != cudaErrorMemoryAllocation) {
+      throw Error(str("allocating ", nbytes / (1024 * 1024),
+                      " MB on the GPU failed: ", cudaGetErrorString(err)));
+    }
     throw OutOfMemory(str("out of GPU memory: asked for ", nbytes / (1024 * 1024), " MB with ",
                           free_bytes / (1024 * 1024), " MB free of ", total_bytes / (1024 * 1024),
                           " MB (", cudaGetErrorString(err), "); try a smaller --batch-size"));
