@@ -1,7 +1,9 @@
 """PyTorch peer for the training benchmarks: the same GPT-2 / LLaMA-3 shapes as flashtrain's
-presets, trained eagerly (or with --compile, torch.compile'd) with AdamW on random tokens, attention either "naive" (matmul, mask,
-softmax, matmul, materialising S x S) or "sdpa" (torch's scaled_dot_product_attention).
-Prints one JSON line: tok/s (median over the timed steps), ms/step, peak allocated/reserved MB.
+presets, trained with AdamW on random tokens, eagerly ("pytorch-eager") or torch.compile'd
+(--compile, "pytorch-compile"); attention either "naive" (matmul, mask, softmax, matmul,
+materialising S x S) or "sdpa" (torch's scaled_dot_product_attention).
+Prints one JSON line: tok/s (median over the timed steps), ms/step, peak allocated/reserved MB,
+and with sdpa the attention kernels of one more, profiled, step (which backend SDPA picked).
 
   python3 bench/torch_peer.py --model gpt2 --batch-size 8 --seq-len 1024 --dtype bf16
 """
