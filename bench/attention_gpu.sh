@@ -3,7 +3,8 @@
 # (bench_attention_gpu; naive too where it fits) and PyTorch's SDPA backends and FlexAttention
 # (bench/torch_attention_peer.py) on the same cases (hero causal, hero window+documents, gpt2),
 # forward and backward timed separately the same way. Prints one Markdown table per case, headed
-# by the GPU, its driver and the torch version; keeps the raw JSON lines and logs.
+# by the GPU, its driver and the torch version, each row's TFLOP/s beside the cuBLAS bf16 rate
+# measured in the same call (bench/gpu_ceilings.py); keeps the raw JSON lines and logs.
 #
 #   bench/attention_gpu.sh                            # every case, default configs
 #   bench/attention_gpu.sh --case gpt2 --iters 50     # flags common to both sides
@@ -59,7 +60,10 @@ if [ $rc -ne 0 ]; then
   status=1
 fi
 
+# The cuBLAS bf16 rate in the same call, the yardstick of every row's TFLOP/s.
+"$python" bench/gpu_ceilings.py >"$out/ceilings.json" 2>"$out/ceilings.log" ||
+  echo "gpu_ceilings: exit $? (no cuBLAS column)"
 echo
-"$python" bench/attention_table.py --gpu-info "$out/gpu.txt" "$ours" "$peer" |
-  tee "$out/attention_table.md"
+"$python" bench/attention_table.py --gpu-info "$out/gpu.txt" --ceilings "$out/ceilings.json" \
+  "$ours" "$peer" | tee "$out/attention_table.md"
 exit $status

@@ -1,9 +1,13 @@
 """Markdown tables from the JSON lines of bench_attention_gpu (flashtrain) and
 torch_attention_peer.py (PyTorch): one table per case with forward and backward median ms
-(min-max), TFLOP/s, and our flash kernel's speedup over each row (that row's ms / our flash ms;
-above 1 means ours is faster). bench/attention_gpu.sh calls it; it also works on saved files:
+(min-max), TFLOP/s and, given the cuBLAS bf16 rate measured in the same call
+(--ceilings, bench/gpu_ceilings.py's JSON line), each row's fraction of it; and our flash
+kernel's speedup over each row (that row's ms / our flash ms; above 1 means ours is faster).
+With several flash configurations (bench_attention_gpu --config A --config B) each gets a row;
+the first is "ours". bench/attention_gpu.sh calls it; it also works on saved files:
 
-  python3 bench/attention_table.py out/attention/*.jsonl --gpu-info out/attention/gpu.txt
+  python3 bench/attention_table.py out/attention/*.jsonl --gpu-info out/attention/gpu.txt \
+      --ceilings out/attention/ceilings.json
 """
 import argparse
 import json
@@ -55,8 +59,13 @@ def header_line(metas, gpu_info):
     return " · ".join(parts)
 
 
-def label(row):
-    return f"{'ours' if row['side'] == 'flashtrain' else 'torch'} {row['impl']}"
+def row_key(row):
+    return (row["side"], row["impl"], row.get("config", ""))
+
+
+def label(row, variant):
+    name = f"{'ours' if row['side'] == 'flashtrain' else 'torch'} {row['impl']}"
+    return name if variant == 0 else f"{name} #{variant + 1}"
 
 
 def cell_ms(row):
@@ -65,8 +74,12 @@ def cell_ms(row):
     return f"{row['median_ms']:.3f} ({row['min_ms']:.3f}–{row['max_ms']:.3f})"
 
 
-def cell_tflops(row):
-    return f"{row['tflops']:.1f}" if row and "tflops" in row else "—"
+def cell_tflops(row, cublas_tflops):
+    if not row or "tflops" not in row:
+        return "—"
+    if not cublas_tflops:
+        return f"{row['tflops']:.1f}"
+    return f"{row['tflops']:.1f} ({100 * row['tflops'] / cublas_tflops:.0f}%)"
 
 
 def cell_speedup(ours, row):
@@ -103,28 +116,34 @@ def case_title(case, rows):
     return f"### {case}: {shape} {r.get('dtype', '?')}, mask {r.get('mask', '?')}, {pairs}"
 
 
-def case_table(case, rows):
+def case_table(case, rows, cublas_tflops=None):
     impls = []
     for row in rows:
-        key = (row["side"], row["impl"])
+        key = row_key(row)
         if key not in impls:
             impls.append(key)
-    impls.sort(key=lambda k: (k[0] != "flashtrain", k[1] != "flash"))
-    get = {(r["side"], r["impl"], r["dir"]): r for r in rows}
-    ours_fwd = get.get(("flashtrain", "flash", "fwd"))
-    ours_bwd = get.get(("flashtrain", "flash", "bwd"))
+    impls.sort(key=lambda k: (k[0] != "flashtrain", k[1] != "flash"))  # stable: config order
+    get = {row_key(r) + (r["dir"],): r for r in rows}
+    ours = impls[0] if impls and impls[0][:2] == ("flashtrain", "flash") else None
+    ours_fwd = get.get(ours + ("fwd",)) if ours else None
+    ours_bwd = get.get(ours + ("bwd",)) if ours else None
     lines = [case_title(case, rows), ""]
     pair_counts = {r["side"]: r["pairs"] for r in rows if "pairs" in r}
     if len(set(pair_counts.values())) > 1:
         lines += [f"**warning: the sides count different attended pairs: {pair_counts}**", ""]
-    lines += ["| impl | fwd ms (min–max) | bwd ms (min–max) | fwd TFLOP/s | bwd TFLOP/s "
-              "| ours fwd speedup | ours bwd speedup | note |",
+    rate = " (% of cuBLAS)" if cublas_tflops else ""
+    lines += [f"| impl | fwd ms (min–max) | bwd ms (min–max) | fwd TFLOP/s{rate} "
+              f"| bwd TFLOP/s{rate} | ours fwd speedup | ours bwd speedup | note |",
               "|---|---|---|---|---|---|---|---|"]
-    for side, impl in impls:
-        fwd, bwd = get.get((side, impl, "fwd")), get.get((side, impl, "bwd"))
-        is_ours = side == "flashtrain" and impl == "flash"
+    variants = {}
+    for key in impls:
+        fwd, bwd = get.get(key + ("fwd",)), get.get(key + ("bwd",))
+        variant = variants.setdefault(key[:2], 0)
+        variants[key[:2]] += 1
+        is_ours = key == ours
         lines.append("| " + " | ".join([
-            label(fwd or bwd), cell_ms(fwd), cell_ms(bwd), cell_tflops(fwd), cell_tflops(bwd),
+            label(fwd or bwd, variant), cell_ms(fwd), cell_ms(bwd),
+            cell_tflops(fwd, cublas_tflops), cell_tflops(bwd, cublas_tflops),
             "—" if is_ours else cell_speedup(ours_fwd, fwd),
             "—" if is_ours else cell_speedup(ours_bwd, bwd), note_of(fwd, bwd)]) + " |")
     return "\n".join(lines)
@@ -134,7 +153,15 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="+", help="JSON lines files of either side")
     ap.add_argument("--gpu-info", help="a file holding nvidia-smi's 'name, driver_version' line")
+    ap.add_argument("--ceilings", help="bench/gpu_ceilings.py's JSON line (cuBLAS bf16 rate)")
     args = ap.parse_args(argv)
+    cublas_tflops = None
+    if args.ceilings:
+        try:
+            with open(args.ceilings) as f:
+                cublas_tflops = json.loads(f.readline()).get("bf16_matmul_tflops")
+        except (OSError, ValueError) as e:
+            print(f"attention_table: no ceilings from {args.ceilings}: {e}", file=sys.stderr)
     rows, metas = read_rows(args.files)
     gpu_info = None
     if args.gpu_info:
@@ -146,7 +173,11 @@ def main(argv=None):
     print(f"## Attention, flashtrain beside PyTorch\n\n{header_line(metas, gpu_info)}\n")
     print("Median of timed calls (CUDA events), min–max in brackets; TFLOP/s from attended pairs "
           "(4·pairs·D forward, 2.5× that backward); speedup = that row's ms / our flash ms "
-          "(above 1: ours is faster).\n")
+          "(above 1: ours is faster).")
+    if cublas_tflops:
+        print(f"cuBLAS bf16 8192³ in the same call: {cublas_tflops} TFLOP/s "
+              "(bench/gpu_ceilings.py); the percentages are of that rate.")
+    print()
     cases = []
     for row in rows:
         if row["case"] not in cases:
@@ -155,7 +186,7 @@ def main(argv=None):
         print("(no measurements)")
         return 1
     for case in cases:
-        print(case_table(case, [r for r in rows if r["case"] == case]) + "\n")
+        print(case_table(case, [r for r in rows if r["case"] == case], cublas_tflops) + "\n")
     return 0
 
 

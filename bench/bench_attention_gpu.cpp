@@ -8,6 +8,11 @@
 //   hero-window-docs  the same + sliding window 512 + 5 documents per row (boundary k at
 //                     k*S/5 + (row % 64), so rows do not share tile edges)
 //   gpt2              B=8 S=1024 Hq=Hkv=12 D=64
+//   llama-long        B=1 S=32768 Hq=32 Hkv=8 D=64 (llama3-1b's attention at long context)
+//   hero-d256         B=32 S=4096 Hq=16 Hkv=4 D=256
+// --config may be given several times (or as a ';' list): each configuration is timed on every
+// case, the first one being "ours" in the comparison table. A direction whose kernels a
+// configuration cannot run (can_implement) gets a row with the reason instead of timings.
 //
 // Method (DESIGN.md): CUDA events on ft::cuda::current_stream() around every call, after
 // --warmup calls; median, min and max of --iters calls. Inputs rotate through enough copies that
@@ -58,7 +63,7 @@ struct Options {
   int64_t batch = -1, seq_len = -1, q_heads = -1, kv_heads = -1, head_dim = -1, window = -1,
           docs = -1;
   std::string dtype = "bf16";
-  std::string config;  // "" = default_config() of the device for the case's head dim
+  std::vector<std::string> configs;  // none: default_config() of the device for the case
   int warmup = 5, iters = 20, max_sets = 64;
   double naive_max_gib = 2.0;  // auto runs naive when one set's probabilities fit in this
 };
@@ -77,6 +82,8 @@ const std::vector<CaseSpec>& preset_cases() {
       {"hero-causal", 32, 4096, 16, 4, 128, 0, 0},
       {"hero-window-docs", 32, 4096, 16, 4, 128, 512, 5},
       {"gpt2", 8, 1024, 12, 12, 64, 0, 0},
+      {"llama-long", 1, 32768, 32, 8, 64, 0, 0},
+      {"hero-d256", 32, 4096, 16, 4, 256, 0, 0},
   };
   return cases;
 }
@@ -150,7 +157,7 @@ std::vector<CaseSpec> chosen_cases(const Options& opt) {
     bool known = name == "all";
     for (const CaseSpec& preset : preset_cases()) known = known || preset.name == name;
     FT_CHECK(known, "unknown case '", name,
-             "' (allowed: all, hero-causal, hero-window-docs, gpt2)");
+             "' (allowed: all, hero-causal, hero-window-docs, gpt2, llama-long, hero-d256)");
   }
   return out;
 }
@@ -281,39 +288,33 @@ std::vector<InputSet> make_input_sets(const Problem& p, int count) {
   return sets;
 }
 
-// Forward, then backward of one implementation on one case: a row each, with the error text in
-// place of timings when a call throws.
-void run_impl(const CaseSpec& c, const Problem& p, Impl impl, const std::vector<InputSet>& sets,
-              const Tensor& seg_gpu, int64_t pairs, Context& ctx) {
+// Forward, then backward of one implementation on one case (flash: with configuration `text`,
+// "" for the device's default): a row each, with the error text in place of timings when a
+// call throws or can_implement refuses the direction.
+void run_impl(const CaseSpec& c, const Problem& p, Impl impl, const std::string& text,
+              const std::vector<InputSet>& sets, const Tensor& seg_gpu, int64_t pairs,
+              Context& ctx) {
   const KernelConfig* config = nullptr;
   KernelConfig flash_config;
   std::string config_text;
+  std::string refused[2];  // forward, backward
   if (impl == Impl::flash) {
     try {
       const KernelConfig base = default_config(ctx.limits, p);
-      flash_config = ctx.opt.config.empty() ? base : KernelConfig::parse(ctx.opt.config, base);
+      flash_config = text.empty() ? base : KernelConfig::parse(text, base);
       config_text = flash_config.str();
       config = &flash_config;
     } catch (const std::exception& e) {
       for (const char* dir : {"fwd", "bwd"}) {
         json row = base_row(c, p, impl, dir, pairs, ctx);
+        row["config"] = text;
         row["error"] = e.what();
         emit(row);
       }
       return;
     }
-    const std::string why = can_implement(flash_config, p, ctx.limits);
-    if (!why.empty()) {
-      std::fprintf(stderr, "%s flash: config %s refused: %s\n", c.name.c_str(), config_text.c_str(),
-                   why.c_str());
-      for (const char* dir : {"fwd", "bwd"}) {
-        json row = base_row(c, p, impl, dir, pairs, ctx);
-        row["config"] = config_text;
-        row["error"] = "can_implement: " + why;
-        emit(row);
-      }
-      return;
-    }
+    refused[0] = can_implement(flash_config, p, ctx.limits, KernelDirection::forward);
+    refused[1] = can_implement(flash_config, p, ctx.limits, KernelDirection::backward);
   }
   const int n = static_cast<int>(sets.size());
   std::vector<ForwardOutput> saved;
@@ -321,6 +322,14 @@ void run_impl(const CaseSpec& c, const Problem& p, Impl impl, const std::vector<
     json row = base_row(c, p, impl, dir, pairs, ctx);
     row["input_sets"] = n;
     if (config) row["config"] = config_text;
+    const std::string& why = refused[std::string(dir) == "fwd" ? 0 : 1];
+    if (!why.empty()) {
+      std::fprintf(stderr, "%s flash %s: config %s refused: %s\n", c.name.c_str(), dir,
+                   config_text.c_str(), why.c_str());
+      row["error"] = "can_implement: " + why;
+      emit(row);
+      continue;
+    }
     try {
       Stats s;
       if (std::string(dir) == "fwd") {
@@ -381,7 +390,15 @@ void run_case(const CaseSpec& c, Context& ctx) {
   std::fprintf(stderr, "%s: %s, %lld attended pairs, %d input set(s)\n", c.name.c_str(),
                p.describe().c_str(), static_cast<long long>(pairs), count);
   const std::vector<InputSet> sets = make_input_sets(p, count);
-  for (Impl impl : impls_for(ctx.opt, p)) run_impl(c, p, impl, sets, seg_gpu, pairs, ctx);
+  for (Impl impl : impls_for(ctx.opt, p)) {
+    if (impl != Impl::flash || ctx.opt.configs.empty()) {
+      run_impl(c, p, impl, "", sets, seg_gpu, pairs, ctx);
+      continue;
+    }
+    for (const std::string& text : ctx.opt.configs) {
+      run_impl(c, p, impl, text, sets, seg_gpu, pairs, ctx);
+    }
+  }
 }
 
 int run(const Options& opt) {
@@ -412,7 +429,7 @@ int run(const Options& opt) {
             {"l2_bytes", ctx.l2_bytes},
             {"cuda_driver_api", version(driver)},
             {"cuda_runtime", version(runtime)},
-            {"config_flag", opt.config}});
+            {"config_flags", opt.configs}});
   QueueAhead queue;
   ctx.queue = &queue;
   for (const CaseSpec& c : chosen_cases(opt)) {
@@ -457,7 +474,8 @@ int run(const Options&) {
 int main(int argc, char** argv) {
   Options opt;
   CLI::App app{"GPU attention benchmark: flashtrain flash (and naive), forward and backward"};
-  app.add_option("--case", opt.cases, "cases: all, hero-causal, hero-window-docs, gpt2")
+  app.add_option("--case", opt.cases,
+                 "cases: all, hero-causal, hero-window-docs, gpt2, llama-long, hero-d256")
       ->delimiter(',')
       ->capture_default_str();
   app.add_option("--impl", opt.impls,
@@ -472,9 +490,11 @@ int main(int argc, char** argv) {
   app.add_option("--window", opt.window, "sliding window, 0 = none (default: the case's)");
   app.add_option("--docs", opt.docs, "documents per row, 0 = no segment ids (default: the case's)");
   app.add_option("--dtype", opt.dtype, "bf16 or fp32")->capture_default_str();
-  app.add_option("--config", opt.config,
-                 "flash kernel config, e.g. \"fwd=128x64/128 bwd=64x128/256/double\" (parts left "
-                 "out keep the device default)");
+  app.add_option("--config", opt.configs,
+                 "flash kernel config, e.g. \"fwd=128x128/384/tma/s2/pp bwd=64x128/256/wgmma\" "
+                 "(parts left out keep the device default); repeat it, or separate with ';', to "
+                 "time several (the first is 'ours' in the table)")
+      ->delimiter(';');
   app.add_option("--warmup", opt.warmup, "untimed calls first")->capture_default_str();
   app.add_option("--iters", opt.iters, "timed calls (median, min, max)")
       ->check(CLI::PositiveNumber)

@@ -41,6 +41,10 @@ CASES = {
     "hero-window-docs": dict(batch=32, seq_len=4096, q_heads=16, kv_heads=4, head_dim=128,
                              window=512, docs=5),
     "gpt2": dict(batch=8, seq_len=1024, q_heads=12, kv_heads=12, head_dim=64, window=0, docs=0),
+    "llama-long": dict(batch=1, seq_len=32768, q_heads=32, kv_heads=8, head_dim=64, window=0,
+                       docs=0),
+    "hero-d256": dict(batch=32, seq_len=4096, q_heads=16, kv_heads=4, head_dim=256, window=0,
+                      docs=0),
 }
 SDPA_IMPLS = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION",
               "sdpa-efficient": "EFFICIENT_ATTENTION", "sdpa-math": "MATH"}

@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # Builds, on this (GPU-less) machine, the binaries that scripts/gpu_check.sh (and
-# scripts/gpu_attention.sh) run on the GPU machine: CUDA on, sm_90a only, OpenBLAS linked statically (the GPU machine has no OpenBLAS),
+# scripts/gpu_attention.sh) run on the GPU machine: CUDA on, sm_90a machine code only (no PTX:
+# CUDA_ARCHS=90a-real), OpenBLAS linked statically (the GPU machine has no OpenBLAS),
 # test and CLI binaries stripped of host symbols and packed so that they travel light.
 # Output: build-gpu/carry.tar.xz (name it in the device tool's carry list).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHTRAIN_CUDA=ON \
-  -DFLASHTRAIN_STATIC_BLAS=ON -DFLASHTRAIN_SWEEP_KERNELS="${SWEEP_KERNELS:-OFF}" -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90a}" >/dev/null
+  -DFLASHTRAIN_STATIC_BLAS=ON -DFLASHTRAIN_SWEEP_KERNELS="${SWEEP_KERNELS:-OFF}" -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90a-real}" >/dev/null
 ninja -C build-gpu
+# BINARIES narrows what is packed (each binary holds the whole library: about 6 MB packed).
+rm -rf build-gpu/carry
 mkdir -p build-gpu/carry
-for b in flashtrain test_core test_nn test_attention test_models test_train test_apps test_sweep \
-  bench_attention_gpu; do
+for b in ${BINARIES:-flashtrain test_core test_nn test_attention test_models test_train test_apps \
+  test_sweep bench_attention_gpu}; do
   strip -o "build-gpu/carry/$b" "build-gpu/$b"
 done
 # The commit the binaries come from (scripts/run_matrix.py records it): "<hash>" or "<hash> dirty".

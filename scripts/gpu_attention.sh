@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repository root, over binaries built by scripts/build_gpu.sh
 # and carried as build-gpu/carry.tar.xz: the CUDA attention tests (flash over every compiled
-# kernel configuration, naive, kernel configurations), compute-sanitizer memcheck and racecheck
-# on small cases that launch every compiled kernel, then the attention benchmark beside PyTorch
-# (bench/attention_gpu.sh). Logs under $OUT (default ./gpu-out). Steps: $STEPS (default
-# "tests sanitizer bench"); GTEST_FILTER narrows the tests.
+# kernel configuration, naive, kernel configurations), compute-sanitizer memcheck, racecheck and
+# synccheck on small cases that launch every compiled kernel, then the attention benchmark beside
+# PyTorch (bench/attention_gpu.sh). Logs under $OUT (default ./gpu-out). Steps: $STEPS (default
+# "tests sanitizer bench"; "smoke" runs a few small cases of every configuration first, under a
+# short timeout, so that a hanging kernel costs a minute, not the call); GTEST_FILTER narrows
+# the tests; every step runs under a timeout ($STEP_TIMEOUT seconds, default 540).
 set -uo pipefail
 out="${OUT:-gpu-out}"
 mkdir -p "$out"
@@ -20,31 +22,36 @@ summary() {  # name, exit code, log
   [ "$2" -eq 0 ] || status=1
 }
 
+limit="${STEP_TIMEOUT:-540}"
+# Small cases; the bf16 test launches every compiled configuration, fp32 its kernels.
+small='*CudaFlashAccuracy.*/s7_h8g2_d32_window3_segments:*CudaFlashAccuracy.*/s64_h8g8_d128_causal_window8_scattered:*CudaFlashAccuracy.*/s64_h2g1_d64_scattered_segments:*CudaFlashAccuracy.*/s64_h1_d256_causal_window1'
 for step in ${STEPS:-tests sanitizer bench}; do
   start=$(date +%s)
   case "$step" in
+    smoke)
+      timeout 120 "$tests" --gtest_color=no --gtest_filter="$small" >"$out/smoke.log" 2>&1
+      summary smoke $? "$out/smoke.log"
+      ;;
     tests)
-      "$tests" --gtest_color=no \
+      timeout "$limit" "$tests" --gtest_color=no \
         --gtest_filter="${GTEST_FILTER:-*CudaFlash*:*CudaNaive*:KernelConfig*}" >"$out/tests.log" 2>&1
       summary tests $? "$out/tests.log"
       ;;
     sanitizer)
-      # Small cases; the bf16 test launches every compiled configuration, fp32 its kernels.
-      small='*CudaFlashAccuracy.*/s7_h8g2_d32_window3_segments:*CudaFlashAccuracy.*/s64_h8g8_d128_causal_window8_scattered:*CudaFlashAccuracy.*/s64_h2g1_d64_scattered_segments'
-      for tool in memcheck racecheck; do
-        compute-sanitizer --tool "$tool" --error-exitcode 9 "$tests" --gtest_color=no \
-          --gtest_filter="$small" >"$out/sanitizer_$tool.log" 2>&1
+      for tool in memcheck racecheck synccheck; do
+        timeout "$limit" compute-sanitizer --tool "$tool" --error-exitcode 9 "$tests" \
+          --gtest_color=no --gtest_filter="$small" >"$out/sanitizer_$tool.log" 2>&1
         summary "sanitizer $tool" $? "$out/sanitizer_$tool.log"
       done
       ;;
     bench)
-      OUT="$out/bench" BENCH_BIN=build-gpu/carry/bench_attention_gpu bench/attention_gpu.sh \
-        ${BENCH_ARGS:-} >"$out/bench.log" 2>&1
+      OUT="$out/bench" BENCH_BIN=build-gpu/carry/bench_attention_gpu timeout "$limit" \
+        bench/attention_gpu.sh ${BENCH_ARGS:-} >"$out/bench.log" 2>&1
       rc=$?
       cat "$out/bench.log"
       [ $rc -eq 0 ] || status=1
       ;;
-    *) echo "unknown step '$step' (steps: tests sanitizer bench)"; status=1 ;;
+    *) echo "unknown step '$step' (steps: smoke tests sanitizer bench)"; status=1 ;;
   esac
   echo "-- $step: $(($(date +%s) - start)) s"
 done

@@ -95,11 +95,11 @@ void check_backward_inputs(Impl impl, const Problem& p, const Tensor& q, const F
 
 #ifdef FLASHTRAIN_WITH_CUDA
 // The configuration the CUDA flash kernels run: the given one or the device's default, checked
-// by can_implement() so that nothing it refuses is launched.
-KernelConfig checked_config(const Problem& p, const KernelConfig* config) {
+// by can_implement() for the direction about to run, so that nothing it refuses is launched.
+KernelConfig checked_config(const Problem& p, const KernelConfig* config, KernelDirection which) {
   const DeviceLimits& device = DeviceLimits::current();
   const KernelConfig c = config != nullptr ? *config : default_config(device, p);
-  const std::string reason = can_implement(c, p, device);
+  const std::string reason = can_implement(c, p, device, which);
   FT_CHECK(reason.empty(), "attention: the flash kernels (", c.str(), ") cannot run ", p.describe(),
            " on ", device.arch, ": ", reason);
   return c;
@@ -115,7 +115,8 @@ ForwardOutput forward(Impl impl, const Problem& problem, const Tensor& q, const 
   // check_device() let only naive and flash through on the GPU.
   if (q.device() == Device::cuda) {
     if (impl == Impl::naive) return cuda::naive_forward(problem, q, k, v, segment_ids);
-    return cuda::flash_forward(problem, q, k, v, segment_ids, checked_config(problem, config));
+    return cuda::flash_forward(problem, q, k, v, segment_ids,
+                               checked_config(problem, config, KernelDirection::forward));
   }
 #else
   (void)config;
@@ -141,7 +142,7 @@ Gradients backward(Impl impl, const Problem& problem, const Tensor& q, const Ten
     // naive's saved probabilities carry the mask: segment ids are not needed again.
     if (impl == Impl::naive) return cuda::naive_backward(problem, q, k, v, fwd, dout);
     return cuda::flash_backward(problem, q, k, v, fwd, dout, segment_ids,
-                                checked_config(problem, config));
+                                checked_config(problem, config, KernelDirection::backward));
   }
 #else
   (void)config;

@@ -4,6 +4,7 @@
 #include "attention/kernel_config.h"
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <mutex>
 #include <regex>
@@ -15,13 +16,22 @@
 namespace ft::attention {
 
 const char* forward_path_name(ForwardPath path) {
-  return path == ForwardPath::mma ? "mma" : "wgmma";
+  switch (path) {
+    case ForwardPath::mma:
+      return "mma";
+    case ForwardPath::wgmma:
+      return "wgmma";
+    case ForwardPath::tma:
+      return "tma";
+  }
+  return "?";
 }
 
 ForwardPath parse_forward_path(const std::string& s) {
   if (s == "mma") return ForwardPath::mma;
   if (s == "wgmma") return ForwardPath::wgmma;
-  throw Error(str("unknown forward path '", s, "' (allowed: mma, wgmma)"));
+  if (s == "tma") return ForwardPath::tma;
+  throw Error(str("unknown forward path '", s, "' (allowed: mma, wgmma, tma)"));
 }
 
 const char* backward_path_name(BackwardPath path) {
@@ -56,8 +66,16 @@ std::string TileConfig::str() const {
 }
 
 std::string KernelConfig::forward_str() const {
-  return forward_path == ForwardPath::mma ? ft::str("fwd=", forward.str())
-                                          : ft::str("fwd=", forward.str(), "/wgmma");
+  switch (forward_path) {
+    case ForwardPath::mma:
+      return ft::str("fwd=", forward.str());
+    case ForwardPath::wgmma:
+      return ft::str("fwd=", forward.str(), "/wgmma");
+    case ForwardPath::tma:
+      return ft::str("fwd=", forward.str(), "/tma/s", forward_stages,
+                     forward_pingpong ? "/pp" : "/nopp");
+  }
+  return "?";
 }
 
 std::string KernelConfig::backward_str() const {
@@ -69,12 +87,13 @@ std::string KernelConfig::str() const {
 }
 
 KernelConfig KernelConfig::parse(const std::string& text, const KernelConfig& base) {
-  static const std::regex fwd_re(R"(^fwd=(\d+)x(\d+)/(\d+)(?:/(mma|wgmma))?$)");
+  static const std::regex fwd_re(
+      R"(^fwd=(\d+)x(\d+)/(\d+)(?:/(mma|wgmma|tma))?(?:/s(\d+))?(?:/(pp|nopp))?$)");
   static const std::regex bwd_re(R"(^bwd=(\d+)x(\d+)/(\d+)(?:/(single|double|wgmma))?$)");
   const std::string expected =
       "expected 'fwd=MxN/THREADS[/FPATH] bwd=MxN/THREADS/PATH', e.g. 'fwd=128x64/128 "
-      "bwd=64x64/128/double' (either part may be left out; FPATH: mma (default) or wgmma; "
-      "PATH: single, double or wgmma)";
+      "bwd=64x64/128/double' (either part may be left out; FPATH: mma (default), wgmma, or "
+      "tma[/sSTAGES][/pp|/nopp] (default /s2/pp); PATH: single, double or wgmma)";
   KernelConfig c = base;
   std::istringstream words(text);
   std::string word;
@@ -84,6 +103,11 @@ KernelConfig KernelConfig::parse(const std::string& text, const KernelConfig& ba
     if (std::regex_match(word, m, fwd_re)) {
       c.forward = {std::stoi(m[1]), std::stoi(m[2]), std::stoi(m[3])};
       c.forward_path = m[4].matched ? parse_forward_path(m[4]) : ForwardPath::mma;
+      const bool tma = c.forward_path == ForwardPath::tma;
+      FT_CHECK(tma || (!m[5].matched && !m[6].matched), "kernel config: '", word,
+               "': stages (/sN) and turns (/pp, /nopp) belong to the tma path only: ", expected);
+      c.forward_stages = tma ? (m[5].matched ? std::stoi(m[5]) : 2) : 0;
+      c.forward_pingpong = tma && (!m[6].matched || m[6] == "pp");
     } else if (std::regex_match(word, m, bwd_re)) {
       c.backward = {std::stoi(m[1]), std::stoi(m[2]), std::stoi(m[3])};
       if (m[4].matched) c.backward_path = parse_backward_path(m[4]);
@@ -111,6 +135,8 @@ constexpr ArchRow kArchs[] = {
     {"sm80", 80, 166912}, {"sm86", 86, 101376},   {"sm89", 89, 101376},
     {"sm90", 90, 232448}, {"sm100", 100, 232448}, {"sm120", 120, 101376},
 };
+static_assert(kArchs[3].max_smem_per_block == kSm90SmemPerBlock,
+              "tma_plans.h sizes its plans for sm90's shared memory");
 
 }  // namespace
 
@@ -169,6 +195,32 @@ int64_t forward_smem_bytes(const TileConfig& t, ForwardPath path, int64_t head_d
   return 2 * head_dim * (t.block_m + 4 * int64_t{t.block_n});
 }
 
+const TmaForwardPlan* find_tma_plan(const KernelConfig& c, int64_t head_dim) {
+  if (c.forward_path != ForwardPath::tma) return nullptr;
+  const TmaForwardPlan want{static_cast<int>(head_dim), c.forward.block_m,  c.forward.block_n,
+                            c.forward_stages,           c.forward_pingpong, false};
+  for (const TmaForwardPlan& plan : kTmaForwardPlans) {
+    if (plan == want) return &plan;
+  }
+  return nullptr;
+}
+
+KernelConfig with_tma_forward(KernelConfig base, const TmaForwardPlan& plan) {
+  base.forward = {plan.block_m, plan.block_n, plan.threads()};
+  base.forward_path = ForwardPath::tma;
+  base.forward_stages = plan.stages;
+  base.forward_pingpong = plan.pingpong;
+  return base;
+}
+
+int64_t forward_smem_bytes(const KernelConfig& c, int64_t head_dim) {
+  if (c.forward_path != ForwardPath::tma) {
+    return forward_smem_bytes(c.forward, c.forward_path, head_dim);
+  }
+  const TmaForwardPlan* plan = find_tma_plan(c, head_dim);
+  return plan != nullptr ? plan->smem_bytes() : 0;
+}
+
 int64_t backward_smem_bytes(const TileConfig& t, BackwardPath path, int64_t head_dim) {
   const int64_t stages = path == BackwardPath::single ? 1 : 2;
   const int64_t m = t.block_m, n = t.block_n;
@@ -195,6 +247,19 @@ const std::vector<int64_t>& wgmma_head_dims() {
   return dims;
 }
 
+const std::vector<int64_t>& tma_head_dims() {
+  static const std::vector<int64_t> dims = [] {
+    std::vector<int64_t> out;
+    for (const TmaForwardPlan& plan : kTmaForwardPlans) {
+      if (std::find(out.begin(), out.end(), plan.head_dim) == out.end()) {
+        out.push_back(plan.head_dim);
+      }
+    }
+    return out;
+  }();
+  return dims;
+}
+
 const CompiledKernels& compiled_kernels() {
   static const CompiledKernels k = [] {
     CompiledKernels c;
@@ -204,6 +269,9 @@ const CompiledKernels& compiled_kernels() {
     c.wgmma_forward = {FT_FLASH_WGMMA_FORWARD_TILES(FT_TILE)};
     c.wgmma_backward = {FT_FLASH_WGMMA_BACKWARD_TILES(FT_TILE)};
 #undef FT_TILE
+    for (const TmaForwardPlan& plan : kTmaForwardPlans) {
+      if (tma_plan_compiled(plan)) c.tma_forward.push_back(plan);
+    }
     c.head_dims = flash_head_dims();
     c.wgmma_head_dims = wgmma_head_dims();
 #ifdef FLASHTRAIN_SWEEP_KERNELS
@@ -218,10 +286,19 @@ std::vector<TileConfig> sweep_forward_tiles(ForwardPath path) {
   // wgmma: one warpgroup per 64 query rows, key tiles of 64 or 128; the tiles that have run
   // the GPU tests (128x64/256 measured slower than both neighbours and was dropped).
   if (path == ForwardPath::wgmma) return {{64, 64, 128}, {64, 128, 128}, {128, 128, 256}};
+  if (path == ForwardPath::tma) return {};  // sweep_tma_plans()
   // One thread count per forward tile (16 or 32 query rows per warp), and:
   // 128x64 also with 16 rows per warp (fewer registers, more warps).
   return {{64, 64, 128},  {64, 128, 128},  {128, 32, 128}, {128, 64, 128},
           {128, 64, 256}, {128, 128, 256}, {192, 64, 192}, {256, 64, 256}};
+}
+
+std::vector<TmaForwardPlan> sweep_tma_plans(int64_t head_dim) {
+  std::vector<TmaForwardPlan> out;
+  for (const TmaForwardPlan& plan : kTmaForwardPlans) {
+    if (plan.head_dim == head_dim) out.push_back(plan);
+  }
+  return out;
 }
 
 std::vector<TileConfig> sweep_backward_tiles(BackwardPath path) {
@@ -314,6 +391,28 @@ std::string wgmma_backward_layout_reason(const TileConfig& t) {
   return "";
 }
 
+// tma forward: the configuration must name a plan of tma_plans.h for this head dim, with its
+// threads (one producer warpgroup and one consumer warpgroup per 64 query rows).
+std::string tma_forward_reason(const KernelConfig& c, int64_t head_dim) {
+  const TmaForwardPlan* plan = find_tma_plan(c, head_dim);
+  if (plan == nullptr) {
+    std::string plans;
+    for (const TmaForwardPlan& p : kTmaForwardPlans) {
+      if (p.head_dim != head_dim) continue;
+      plans += (plans.empty() ? "" : ", ") + with_tma_forward(c, p).forward_str().substr(4);
+    }
+    return ft::str(
+        "forward tile ", c.forward_str().substr(4), ": not a tma plan for head dim ", head_dim,
+        plans.empty() ? " (the tma plans have head dims 64, 128, 256)" : " (plans: " + plans + ")");
+  }
+  if (c.forward.threads != plan->threads()) {
+    return ft::str("forward tile ", c.forward_str().substr(4), ": the tma plan runs ",
+                   plan->threads(), " threads (a producer warpgroup and ", plan->consumer_groups(),
+                   " consumer warpgroups)");
+  }
+  return "";
+}
+
 std::string smem_reason(const char* which, const std::string& tile, int64_t bytes,
                         const DeviceLimits& d) {
   if (bytes <= d.max_smem_per_block) return "";
@@ -331,48 +430,85 @@ std::string head_dim_reason(const char* kernels, const std::vector<int64_t>& dim
 
 }  // namespace
 
-std::string can_implement(const KernelConfig& c, const Problem& p, const DeviceLimits& d) {
+namespace {
+
+// The checks of one direction, in the order they are reported: head dim, threads, warp layout,
+// shared memory, compiled.
+using Checks = std::array<std::string, 5>;
+
+std::string not_compiled(const std::string& tile) {
+  const char* how = compiled_kernels().sweep_set
+                        ? "it is not among the sweep candidates"
+                        : "configure with -DFLASHTRAIN_SWEEP_KERNELS=ON to compile the sweep's "
+                          "candidate set";
+  return ft::str(tile, " is not compiled into this build (", how, ")");
+}
+
+Checks forward_checks(const KernelConfig& c, const Problem& p, const DeviceLimits& d) {
+  const bool wgmma = c.forward_path == ForwardPath::wgmma;
+  const bool tma = c.forward_path == ForwardPath::tma;
+  const std::string name = c.forward_str().substr(4);
+  const char* kernels = tma     ? "tma forward kernels"
+                        : wgmma ? "wgmma forward kernels"
+                                : "bf16 flash kernels";
+  const std::vector<int64_t>& dims =
+      tma ? tma_head_dims() : (wgmma ? wgmma_head_dims() : flash_head_dims());
+  Checks out = {head_dim_reason(kernels, dims, p.head_dim),
+                threads_reason("forward", c.forward, d.max_threads_per_block),
+                tma     ? tma_forward_reason(c, p.head_dim)
+                : wgmma ? wgmma_forward_layout_reason(c.forward)
+                        : forward_layout_reason(c.forward),
+                smem_reason("forward tile", name, forward_smem_bytes(c, p.head_dim), d), ""};
+  const CompiledKernels& k = compiled_kernels();
+  const TmaForwardPlan* plan = tma ? find_tma_plan(c, p.head_dim) : nullptr;
+  const bool compiled =
+      tma ? plan != nullptr &&
+                std::find(k.tma_forward.begin(), k.tma_forward.end(), *plan) != k.tma_forward.end()
+          : contains(k.forward_tiles(c.forward_path), c.forward);
+  if (!compiled) out[4] = not_compiled("forward tile " + name);
+  return out;
+}
+
+Checks backward_checks(const KernelConfig& c, const Problem& p, const DeviceLimits& d) {
+  const bool wgmma = c.backward_path == BackwardPath::wgmma;
+  Checks out = {head_dim_reason(wgmma ? "wgmma backward kernels" : "bf16 flash kernels",
+                                wgmma ? wgmma_head_dims() : flash_head_dims(), p.head_dim),
+                threads_reason("backward", c.backward, d.max_threads_per_block),
+                wgmma ? wgmma_backward_layout_reason(c.backward)
+                      : backward_layout_reason(c.backward, p.head_dim),
+                smem_reason("backward tile", c.backward_str().substr(4),
+                            backward_smem_bytes(c.backward, c.backward_path, p.head_dim), d),
+                ""};
+  if (!contains(compiled_kernels().backward_tiles(c.backward_path), c.backward)) {
+    out[4] = not_compiled(ft::str("backward tile ", c.backward.str(), wgmma ? "/wgmma" : ""));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string can_implement(const KernelConfig& c, const Problem& p, const DeviceLimits& d,
+                          KernelDirection which) {
   if (p.dtype == DType::f32) return "";  // the fp32 path has fixed kernels for every problem
   if (p.dtype != DType::bf16) {
     return ft::str("dtype ", dtype_name(p.dtype), ": the CUDA flash kernels take bf16 or fp32");
   }
-  const bool wgmma_fwd = c.forward_path == ForwardPath::wgmma;
-  const bool wgmma_bwd = c.backward_path == BackwardPath::wgmma;
+  const bool fwd = which != KernelDirection::backward, bwd = which != KernelDirection::forward;
   if (d.compute_capability < 80) {
     return ft::str(d.arch, ": the bf16 flash kernels need sm80 or newer (bf16 mma.sync)");
   }
-  if ((wgmma_fwd || wgmma_bwd) && arch_family(d.compute_capability) != "sm90") {
-    return ft::str(d.arch, ": the wgmma path needs sm90 (Hopper's warpgroup instructions); use ",
-                   "an mma path (forward without /wgmma, backward single or double)");
+  const bool hopper_fwd = fwd && c.forward_path != ForwardPath::mma;
+  const bool hopper_bwd = bwd && c.backward_path == BackwardPath::wgmma;
+  if ((hopper_fwd || hopper_bwd) && arch_family(d.compute_capability) != "sm90") {
+    return ft::str(d.arch, ": the ", hopper_fwd ? forward_path_name(c.forward_path) : "wgmma",
+                   " path needs sm90 (Hopper's warpgroup instructions); use an mma path ",
+                   "(forward without /wgmma or /tma, backward single or double)");
   }
-  const std::string fwd_name = c.forward_str().substr(4);
-  const std::string bwd_name = c.backward_str().substr(4);
-  for (const auto& reason :
-       {head_dim_reason(wgmma_fwd ? "wgmma forward kernels" : "bf16 flash kernels",
-                        wgmma_fwd ? wgmma_head_dims() : flash_head_dims(), p.head_dim),
-        head_dim_reason(wgmma_bwd ? "wgmma backward kernels" : "bf16 flash kernels",
-                        wgmma_bwd ? wgmma_head_dims() : flash_head_dims(), p.head_dim),
-        threads_reason("forward", c.forward, d.max_threads_per_block),
-        threads_reason("backward", c.backward, d.max_threads_per_block),
-        wgmma_fwd ? wgmma_forward_layout_reason(c.forward) : forward_layout_reason(c.forward),
-        wgmma_bwd ? wgmma_backward_layout_reason(c.backward)
-                  : backward_layout_reason(c.backward, p.head_dim),
-        smem_reason("forward tile", fwd_name,
-                    forward_smem_bytes(c.forward, c.forward_path, p.head_dim), d),
-        smem_reason("backward tile", bwd_name,
-                    backward_smem_bytes(c.backward, c.backward_path, p.head_dim), d)}) {
-    if (!reason.empty()) return reason;
-  }
-  const CompiledKernels& k = compiled_kernels();
-  const char* how = k.sweep_set ? "it is not among the sweep candidates"
-                                : "configure with -DFLASHTRAIN_SWEEP_KERNELS=ON to compile the "
-                                  "sweep's candidate set";
-  if (!contains(k.forward_tiles(c.forward_path), c.forward)) {
-    return ft::str("forward tile ", fwd_name, " is not compiled into this build (", how, ")");
-  }
-  if (!contains(k.backward_tiles(c.backward_path), c.backward)) {
-    return ft::str("backward tile ", c.backward.str(), wgmma_bwd ? "/wgmma" : "",
-                   " is not compiled into this build (", how, ")");
+  const Checks f = fwd ? forward_checks(c, p, d) : Checks{};
+  const Checks b = bwd ? backward_checks(c, p, d) : Checks{};
+  for (size_t i = 0; i < f.size(); ++i) {
+    if (!f[i].empty()) return f[i];
+    if (!b[i].empty()) return b[i];
   }
   return "";
 }
@@ -397,16 +533,17 @@ struct DefaultRow {
 };
 
 // Rows are searched in order: the first of the family whose head-dim bound and mask class fit.
-// sm90: the wgmma paths (head dims 64 and 128), measured with bench/attention_gpu.sh on an H200
-// (docs/PERF.md, 2026-11-30): at B=32 S=4096 Hq=16 Hkv=4 D=128 causal the 128-row forward and
-// the 128-key backward (6.16 / 16.9 ms; 64-row tiles 6.43 / 19.7 ms); with a window of 512 and
-// 5 documents the 64x64 tiles (2.14 / 6.05 ms; 128-row tiles 3.42 / 6.58 ms, a 64x128 forward
-// 3.14 ms); at the GPT-2 shape (D=64 causal) a 64x128 forward and the 64x64 backward (0.070 /
-// 0.196 ms; 64x64 forward 0.075 ms, 128-row tiles 0.089 / 0.252 ms). Head dim 32 keeps the
-// mma.sync rows, the fastest correct of `flashtrain sweep --all-paths` before the wgmma path
-// (docs/SWEEP.md). sm100 takes sm90's mma.sync rows unmeasured (wgmma is sm90 only), sm80 the
-// same tiles (they fit its shared memory); sm86/89 and sm120 (99 KB per block) the small tiles
-// with the single-stage backward.
+// sm90: the tma forward (head dims 64, 128, 256; PERF.md "The tma forward") with the wgmma
+// backward (64, 128; head dim 256 has no backward kernel). The wgmma rows before it, measured with
+// bench/attention_gpu.sh on an H200 (docs/PERF.md, 2026-11-30): at B=32 S=4096 Hq=16 Hkv=4 D=128
+// causal the 128-row forward and the 128-key backward (6.16 / 16.9 ms; 64-row tiles 6.43 / 19.7
+// ms); with a window of 512 and 5 documents the 64x64 tiles (2.14 / 6.05 ms; 128-row tiles 3.42
+// / 6.58 ms, a 64x128 forward 3.14 ms); at the GPT-2 shape (D=64 causal) a 64x128 forward and the
+// 64x64 backward (0.070 / 0.196 ms; 64x64 forward 0.075 ms, 128-row tiles 0.089 / 0.252 ms). Head
+// dim 32 keeps the mma.sync rows, the fastest correct of `flashtrain sweep --all-paths` before the
+// wgmma path (docs/SWEEP.md). sm100 takes sm90's mma.sync rows unmeasured (wgmma is sm90 only),
+// sm80 the same tiles (they fit its shared memory); sm86/89 and sm120 (99 KB per block) the small
+// tiles with the single-stage backward.
 constexpr DefaultRow kDefaults[] = {
     {"sm80", 256, MaskClass::dense, "fwd=128x64/128 bwd=64x128/256/double"},
     {"sm80", 256, MaskClass::local, "fwd=64x64/128 bwd=64x64/128/double"},
@@ -414,9 +551,11 @@ constexpr DefaultRow kDefaults[] = {
     {"sm86", 256, MaskClass::local, "fwd=64x64/128 bwd=64x64/128/single"},
     {"sm90", 32, MaskClass::dense, "fwd=128x64/128 bwd=64x128/256/double"},
     {"sm90", 32, MaskClass::local, "fwd=64x64/128 bwd=64x64/128/double"},
-    {"sm90", 64, MaskClass::dense, "fwd=64x128/128/wgmma bwd=64x64/128/wgmma"},
-    {"sm90", 256, MaskClass::dense, "fwd=128x128/256/wgmma bwd=64x128/256/wgmma"},
-    {"sm90", 256, MaskClass::local, "fwd=64x64/128/wgmma bwd=64x64/128/wgmma"},
+    {"sm90", 64, MaskClass::dense, "fwd=128x128/384/tma/s2/pp bwd=64x64/128/wgmma"},
+    {"sm90", 128, MaskClass::dense, "fwd=128x128/384/tma/s2/pp bwd=64x128/256/wgmma"},
+    {"sm90", 256, MaskClass::dense, "fwd=128x64/384/tma/s2/pp bwd=64x128/256/wgmma"},
+    {"sm90", 128, MaskClass::local, "fwd=128x64/384/tma/s2/pp bwd=64x64/128/wgmma"},
+    {"sm90", 256, MaskClass::local, "fwd=128x64/384/tma/s2/pp bwd=64x64/128/wgmma"},
     {"sm100", 256, MaskClass::dense, "fwd=128x64/128 bwd=64x128/256/double"},
     {"sm100", 256, MaskClass::local, "fwd=64x64/128 bwd=64x64/128/double"},
     {"sm120", 256, MaskClass::dense, "fwd=64x64/128 bwd=64x64/128/single"},

@@ -5,8 +5,10 @@
 // A configuration is written "fwd=128x64/128 bwd=64x64/128/double": forward tile block_m (query
 // rows) x block_n (key rows) / threads [/ path], backward tile block_m (query rows) x block_n
 // (key rows) / threads / path. The forward path is written only when it is not the default
-// (mma): "fwd=128x128/256/wgmma". The text form is what the CLI, the sweep tables and the
-// default table use.
+// (mma): "fwd=128x128/256/wgmma". The tma path also names its ring depth and whether its
+// consumer warpgroups take turns: "fwd=128x128/384/tma/s2/pp" (or "/nopp"); its tiles are the
+// plans of tma_plans.h. The text form is what the CLI, the sweep tables and the default table
+// use.
 //
 // Everything here is plain C++ (no CUDA): the sweep's --dry-run and the CI tests judge
 // configurations for a named architecture without a GPU.
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "attention/attention.h"
+#include "attention/tma_plans.h"
 
 namespace ft::attention {
 
@@ -24,8 +27,9 @@ namespace ft::attention {
 enum class ForwardPath {
   mma,    // mma.sync per warp (sm80 and newer)
   wgmma,  // Hopper warpgroup products from shared memory (sm90 only)
+  tma,    // Hopper, warp-specialised: a TMA producer warp, consumer warpgroups (sm90 only)
 };
-const char* forward_path_name(ForwardPath path);  // "mma" | "wgmma"
+const char* forward_path_name(ForwardPath path);  // "mma" | "wgmma" | "tma"
 ForwardPath parse_forward_path(const std::string& s);
 
 // How the backward kernel computes: with mma.sync, loading the query-side tiles (Q, dO, lse, D)
@@ -56,16 +60,25 @@ struct TileConfig {
 struct KernelConfig {
   TileConfig forward{128, 64, 128};
   ForwardPath forward_path = ForwardPath::mma;
+  // The tma path only (ignored on the others): ring slots of K and V, and whether the consumer
+  // warpgroups take turns issuing their products.
+  int forward_stages = 0;
+  bool forward_pingpong = false;
   TileConfig backward{64, 64, 128};
   BackwardPath backward_path = BackwardPath::double_buffered;
 
+  // The tma knobs count only on the tma path (a configuration switched to another path by
+  // assigning forward_path keeps them, and means the same kernels).
   bool operator==(const KernelConfig& o) const {
-    return forward == o.forward && forward_path == o.forward_path && backward == o.backward &&
-           backward_path == o.backward_path;
+    const bool tma_same =
+        forward_path != ForwardPath::tma ||
+        (forward_stages == o.forward_stages && forward_pingpong == o.forward_pingpong);
+    return forward == o.forward && forward_path == o.forward_path && tma_same &&
+           backward == o.backward && backward_path == o.backward_path;
   }
   bool operator!=(const KernelConfig& o) const { return !(*this == o); }
   std::string str() const;           // "fwd=128x64/128 bwd=64x64/128/double"
-  std::string forward_str() const;   // "fwd=128x64/128" or "fwd=128x128/256/wgmma"
+  std::string forward_str() const;   // "fwd=128x64/128", "fwd=128x128/256/wgmma" or ".../tma/s2/pp"
   std::string backward_str() const;  // "bwd=64x64/128/double"
   // Parses str()'s form; either part may be left out (it keeps `base`'s value). Throws
   // ft::Error with the offending text and the expected form.
@@ -88,8 +101,17 @@ struct DeviceLimits {
 };
 
 // Shared memory a kernel of this tile needs for one head dim (bf16 tiles; the fp32 path has its
-// own fixed kernels and ignores the configuration).
+// own fixed kernels and ignores the configuration). The tma path's bytes come from its plan
+// (forward_smem_bytes of a KernelConfig; 0 when no plan matches).
 int64_t forward_smem_bytes(const TileConfig& tile, ForwardPath path, int64_t head_dim);
+int64_t forward_smem_bytes(const KernelConfig& config, int64_t head_dim);
+
+// The tma plan (tma_plans.h) that a configuration's forward names for a head dim, or null.
+const TmaForwardPlan* find_tma_plan(const KernelConfig& config, int64_t head_dim);
+// `base` with its forward replaced by the plan's tile, threads, stages and turns.
+KernelConfig with_tma_forward(KernelConfig base, const TmaForwardPlan& plan);
+// The head dims of the tma plans.
+const std::vector<int64_t>& tma_head_dims();
 int64_t backward_smem_bytes(const TileConfig& tile, BackwardPath path, int64_t head_dim);
 
 // The head dims the bf16 kernels are compiled for: every mma.sync kernel, and the wgmma ones.
@@ -100,8 +122,12 @@ const std::vector<int64_t>& wgmma_head_dims();
 // person can act on (the value, the limit, and what to change). Checks the dtype and head dim,
 // the warp layout of each tile, shared memory against the device's opt-in limit and whether the
 // kernel was compiled into this build.
+// `which` narrows the check to the kernels of one direction (a forward-only caller, e.g. a head
+// dim that has a forward kernel but no backward one).
+enum class KernelDirection { forward, backward, both };
 std::string can_implement(const KernelConfig& config, const Problem& problem,
-                          const DeviceLimits& device);
+                          const DeviceLimits& device,
+                          KernelDirection which = KernelDirection::both);
 
 // Masks that hide or cut most tiles (a sliding window or segment ids) favour smaller tiles than
 // dense ones (none, causal): the default table has a row for each.
@@ -126,10 +152,12 @@ struct CompiledKernels {
   std::vector<TileConfig> backward;  // each for the single and double paths
   std::vector<TileConfig> wgmma_forward;
   std::vector<TileConfig> wgmma_backward;
+  std::vector<TmaForwardPlan> tma_forward;
   std::vector<int64_t> head_dims;
   std::vector<int64_t> wgmma_head_dims;
   bool sweep_set = false;
 
+  // The mma and wgmma forward tiles (the tma path's are the plans of tma_forward).
   const std::vector<TileConfig>& forward_tiles(ForwardPath path) const {
     return path == ForwardPath::wgmma ? wgmma_forward : forward;
   }
@@ -140,8 +168,10 @@ struct CompiledKernels {
 const CompiledKernels& compiled_kernels();
 
 // The tile sweep's candidates (compiled or not) of each path: mma.sync forward tiles with their
-// threads, mma.sync backward tiles x {128, 256} threads, and the wgmma tiles.
+// threads, mma.sync backward tiles x {128, 256} threads, and the wgmma tiles. The tma path's
+// candidates are the plans of tma_plans.h (sweep_tma_plans; empty here).
 std::vector<TileConfig> sweep_forward_tiles(ForwardPath path = ForwardPath::mma);
+std::vector<TmaForwardPlan> sweep_tma_plans(int64_t head_dim);
 std::vector<TileConfig> sweep_backward_tiles(BackwardPath path = BackwardPath::double_buffered);
 
 }  // namespace ft::attention

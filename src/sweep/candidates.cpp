@@ -73,8 +73,15 @@ std::vector<Candidate> make_candidates(SweepAxis axis, const std::vector<Backwar
           KernelConfig c = fixed;
           c.forward = tile;
           c.forward_path = forward_path;
+          c.forward_stages = 0;
+          c.forward_pingpong = false;
           add(c, c == base ? "base" : "forward");
         }
+      }
+      // The tma path's candidates are its plans for this head dim (tma_plans.h).
+      for (const attention::TmaForwardPlan& plan : attention::sweep_tma_plans(problem.head_dim)) {
+        const KernelConfig c = attention::with_tma_forward(fixed, plan);
+        add(c, c == base ? "base" : "forward");
       }
     }
     if (axis != SweepAxis::forward) {

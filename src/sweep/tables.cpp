@@ -74,8 +74,7 @@ std::vector<std::string> table_cells(const SweepRow& r, bool with_gpu, bool dry_
   cells.push_back(std::to_string(r.config.backward.threads));
   cells.push_back(attention::backward_path_name(r.config.backward_path));
   if (dry_run) {
-    cells.push_back(std::to_string(
-        attention::forward_smem_bytes(r.config.forward, r.config.forward_path, head_dim)));
+    cells.push_back(std::to_string(attention::forward_smem_bytes(r.config, head_dim)));
     cells.push_back(std::to_string(
         attention::backward_smem_bytes(r.config.backward, r.config.backward_path, head_dim)));
   } else if (r.timed) {

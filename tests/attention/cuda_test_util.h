@@ -70,10 +70,10 @@ inline GpuResult run_on_gpu(Impl impl, const Inputs& in, bool segments_on_gpu, i
           {g.dq.to(Device::cpu), g.dk.to(Device::cpu), g.dv.to(Device::cpu)}};
 }
 
-// The grid of the GPU accuracy tests (naive and flash): every S in {1, 7, 64, 100, 513, 1000},
-// Hq/Hkv in {1, 2, 4, 8}, head dims 32..256 (96 and 256 too: the bf16 flash kernels refuse them,
-// which the flash test checks) and each mask alone and combined.
-// {name, {B, S, Hq, Hkv, D}, causal, window, segments, scattered, segments_on_gpu}
+// The grid of the GPU accuracy tests (naive and flash): every S in {1, 7, 64, 100, 513, 1000,
+// 4096}, Hq/Hkv in {1, 2, 4, 8}, head dims 32..256 (96 and 256 too: the bf16 flash kernels refuse
+// them, which the flash test checks) and each mask alone and combined. {name, {B, S, Hq, Hkv, D},
+// causal, window, segments, scattered, segments_on_gpu}
 inline const std::vector<Case>& gpu_accuracy_cases() {
   static const std::vector<Case> cases = {
       {"s1_h1_d32_none", {1, 1, 1, 1, 32}},
@@ -100,6 +100,15 @@ inline const std::vector<Case>& gpu_accuracy_cases() {
       {"s1000_h8g4_d128_segments", {1, 1000, 8, 2, 128}, false, 0, true},
       {"s1000_h8g8_d32_window300_segments", {1, 1000, 8, 1, 32}, false, 300, true, true, true},
       {"s1000_h8g8_d64_window300_scattered", {1, 1000, 8, 1, 64}, false, 300, true, true, true},
+      {"s4096_h2g2_d128_causal", {1, 4096, 2, 1, 128}, true},
+      {"s4096_h2g2_d64_causal_window512_segments",
+       {1, 4096, 2, 1, 64},
+       true,
+       512,
+       true,
+       false,
+       true},
+      {"s4096_h1_d256_causal", {1, 4096, 1, 1, 256}, true},
   };
   return cases;
 }

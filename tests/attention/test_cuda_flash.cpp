@@ -4,7 +4,11 @@
 // <= 1e-5. bf16: at most 2x the error of the CUDA naive bf16 baseline on the same inputs (+ a
 // small floor), for EVERY compiled kernel configuration that can_implement accepts (the default,
 // each compiled forward tile and path (mma, wgmma) with the default backward, each compiled
-// backward tile and path (single, double, wgmma) with the default forward). The device pool is
+// backward tile and path (single, double, wgmma) with the default forward, and each compiled
+// plan of the tma forward path). Head dims that have a forward kernel but no backward one (256 on
+// the tma path) check the forward of every configuration that runs it, and that the backward is
+// refused with its reason. Beyond the grid: S > 16384 and non-default scales (one negative)
+// against the CUDA naive fp32 run. The device pool is
 // filled with NaN before every run: an element a kernel forgets to write fails. Never NaN or Inf;
 // padding rows exactly zero, lse -inf. Configurations that can_implement refuses must fail with its
 // reason, launching nothing. Skips itself without a CUDA build or a GPU.
@@ -43,18 +47,24 @@ int64_t naive_bytes(const Problem& p) {
   return 8 * squares + flash_bytes(p);
 }
 
-// The default, every compiled forward tile with the default backward, and every compiled
-// backward tile and path with the default forward; those can_implement accepts for `p`.
-std::vector<KernelConfig> configs_under_test(const Problem& p) {
+// The default, every compiled forward tile (and tma plan) with the default backward, and every
+// compiled backward tile and path with the default forward; those can_implement accepts for `p`
+// in direction `which` (forward only: head dims without a backward kernel).
+std::vector<KernelConfig> configs_under_test(const Problem& p,
+                                             KernelDirection which = KernelDirection::both) {
   const DeviceLimits& device = DeviceLimits::current();
   const KernelConfig base = default_config(device, p.head_dim);
-  std::vector<KernelConfig> out = {base};
+  std::vector<KernelConfig> out;
   auto add = [&](const KernelConfig& c) {
     for (const KernelConfig& seen : out) {
       if (seen == c) return;
     }
-    if (can_implement(c, p, device).empty()) out.push_back(c);
+    if (can_implement(c, p, device, which).empty()) out.push_back(c);
   };
+  add(base);
+  for (const TmaForwardPlan& plan : compiled_kernels().tma_forward) {
+    if (plan.head_dim == p.head_dim) add(with_tma_forward(base, plan));
+  }
   for (ForwardPath path : {ForwardPath::mma, ForwardPath::wgmma}) {
     for (const TileConfig& tile : compiled_kernels().forward_tiles(path)) {
       KernelConfig c = base;
@@ -63,6 +73,7 @@ std::vector<KernelConfig> configs_under_test(const Problem& p) {
       add(c);
     }
   }
+  if (which == KernelDirection::forward) return out;
   for (BackwardPath path : all_backward_paths()) {
     for (const TileConfig& tile : compiled_kernels().backward_tiles(path)) {
       KernelConfig c = base;
@@ -93,6 +104,48 @@ Errors errors_of(const std::string& what, const Inputs& in, const GpuResult& r,
   EXPECT_EQ(lse.mismatched, 0) << "lse -inf/NaN where the reference differs";
   return {error_vs(r.fwd.o, ref.o), lse.relative, error_vs(r.grads.dq, ref_grads.dq),
           error_vs(r.grads.dk, ref_grads.dk), error_vs(r.grads.dv, ref_grads.dv)};
+}
+
+// The forward part of errors_of (for head dims whose backward is refused).
+std::pair<double, double> forward_errors_of(const std::string& what, const Inputs& in,
+                                            const ForwardOutput& r, const ForwardOutput& ref) {
+  SCOPED_TRACE(what);
+  EXPECT_TRUE(all_finite(r.o)) << "o";
+  EXPECT_EQ(max_abs_on_padding(r.o, in.segment_ids), 0.0) << "o on padding rows";
+  const LseError lse = lse_error(r.lse, ref.lse);
+  EXPECT_EQ(lse.mismatched, 0) << "lse -inf/NaN where the reference differs";
+  return {error_vs(r.o, ref.o), lse.relative};
+}
+
+// Forward of every configuration that runs it, against the fp64 reference and the naive bf16
+// error; the backward must be refused with its reason, launching nothing.
+void check_forward_only(const Case& c, const Inputs& in) {
+  const ForwardOutput ref = forward(Impl::reference, in.problem, in.q, in.k, in.v, in.segment_ids);
+  const Tensor q = in.q.to(Device::cuda), k = in.k.to(Device::cuda), v = in.v.to(Device::cuda);
+  const Tensor seg = in.segment_ids.defined() && c.segments_on_gpu ? in.segment_ids.to(Device::cuda)
+                                                                   : in.segment_ids;
+  auto to_cpu = [](const ForwardOutput& f) {
+    return ForwardOutput{f.o.to(Device::cpu), f.lse.to(Device::cpu), {}};
+  };
+  const auto [naive_o, naive_lse] = forward_errors_of(
+      "cuda naive bf16", in, to_cpu(forward(Impl::naive, in.problem, q, k, v, seg)), ref);
+  constexpr double kFloor = 1e-4, kBf16Bound = 2e-2;
+  for (const KernelConfig& config : configs_under_test(in.problem, KernelDirection::forward)) {
+    poison_device_pool(4 * 12 * in.problem.batch * in.problem.seq_len * in.problem.q_heads *
+                       in.problem.head_dim);
+    const ForwardOutput f = forward(Impl::flash, in.problem, q, k, v, seg, &config);
+    const auto [o, lse] = forward_errors_of("cuda flash bf16 " + config.str(), in, to_cpu(f), ref);
+    std::printf("cuda flash bf16 %s [%s forward], flash/naive error: o %.2e/%.2e lse %.2e/%.2e\n",
+                c.name, config.forward_str().c_str(), o, naive_o, lse, naive_lse);
+    EXPECT_LE(o, 2.0 * naive_o + kFloor) << config.str();
+    EXPECT_LE(lse, 2.0 * naive_lse + kFloor) << config.str();
+    EXPECT_LE(o, kBf16Bound) << config.str();
+    expect_error(
+        [&] {
+          backward(Impl::flash, in.problem, q, k, v, f, in.dout.to(Device::cuda), seg, &config);
+        },
+        {"cannot run", "head dim"});
+  }
 }
 
 class CudaFlashAccuracy : public ::testing::TestWithParam<Case> {
@@ -130,6 +183,10 @@ TEST_P(CudaFlashAccuracy, Bf16WithinTwiceNaiveForEveryConfig) {
   if (!refused.empty()) {
     // Head dims without compiled kernels are refused with the reason, before any launch.
     EXPECT_NE(refused.find("head dim"), std::string::npos) << refused;
+    if (!configs_under_test(in.problem, KernelDirection::forward).empty()) {
+      check_forward_only(c, in);  // a forward kernel, no backward one
+      return;
+    }
     const Tensor q = in.q.to(Device::cuda), k = in.k.to(Device::cuda), v = in.v.to(Device::cuda);
     expect_error([&] { forward(Impl::flash, in.problem, q, k, v, in.segment_ids); },
                  {"cannot run", "head dim"});
@@ -171,39 +228,72 @@ INSTANTIATE_TEST_SUITE_P(Grid, CudaFlashAccuracy, ::testing::ValuesIn(gpu_accura
                            return std::string(param_info.param.name);
                          });
 
-// A training-sized bf16 problem (too large for the CPU reference): flash against the CUDA naive
-// fp32 run on the same bf16-rounded inputs, with the CUDA naive bf16 run as the error yardstick.
-TEST_F(CudaFlashTest, LargeBf16ProblemMatchesNaiveFp32) {
-  Mask mask;
-  mask.causal = true;
-  mask.window = 300;
-  mask.has_segments = true;
-  const Inputs in = make_inputs({2, 2048, 8, 2, 128}, mask, DType::bf16, 99);
+// Problems too large for the CPU reference: flash (each configuration given) against the CUDA
+// naive fp32 run on the same bf16-rounded inputs, with the CUDA naive bf16 run as the error
+// yardstick.
+void check_against_naive_fp32(const std::string& what, const Inputs& in,
+                              const std::vector<KernelConfig>& configs) {
   Inputs in32 = in;
   in32.q = in.q.to(DType::f32);
   in32.k = in.k.to(DType::f32);
   in32.v = in.v.to(DType::f32);
   in32.dout = in.dout.to(DType::f32);
   in32.problem.dtype = DType::f32;
-  const GpuResult want = run_on_gpu(Impl::naive, in32, true, naive_bytes(in32.problem));
-  const GpuResult naive = run_on_gpu(Impl::naive, in, true, naive_bytes(in.problem));
-  const GpuResult flash = run_on_gpu(Impl::flash, in, true, flash_bytes(in.problem));
-  const std::pair<const char*, std::pair<const Tensor*, const Tensor*>> pairs[] = {
-      {"o", {&naive.fwd.o, &flash.fwd.o}},
-      {"dq", {&naive.grads.dq, &flash.grads.dq}},
-      {"dk", {&naive.grads.dk, &flash.grads.dk}},
-      {"dv", {&naive.grads.dv, &flash.grads.dv}}};
+  const bool seg = in.segment_ids.defined();
+  const GpuResult want = run_on_gpu(Impl::naive, in32, seg, naive_bytes(in32.problem));
+  const GpuResult naive = run_on_gpu(Impl::naive, in, seg, naive_bytes(in.problem));
   const Tensor* wants[] = {&want.fwd.o, &want.grads.dq, &want.grads.dk, &want.grads.dv};
-  for (int i = 0; i < 4; ++i) {
-    const auto& [name, got] = pairs[i];
-    const double naive_error = error_vs(*got.first, *wants[i]);
-    const double flash_error = error_vs(*got.second, *wants[i]);
-    std::printf("large bf16 %s: flash %.2e naive %.2e\n", name, flash_error, naive_error);
-    EXPECT_TRUE(all_finite(*got.second)) << name;
-    EXPECT_LE(flash_error, 2.0 * naive_error + 1e-4) << name;
+  const Tensor* naives[] = {&naive.fwd.o, &naive.grads.dq, &naive.grads.dk, &naive.grads.dv};
+  const char* names[] = {"o", "dq", "dk", "dv"};
+  for (const KernelConfig& config : configs) {
+    SCOPED_TRACE(what + " [" + config.str() + "]");
+    const GpuResult flash = run_on_gpu(Impl::flash, in, seg, flash_bytes(in.problem), &config);
+    const Tensor* flashes[] = {&flash.fwd.o, &flash.grads.dq, &flash.grads.dk, &flash.grads.dv};
+    for (int i = 0; i < 4; ++i) {
+      const double naive_error = error_vs(*naives[i], *wants[i]);
+      const double flash_error = error_vs(*flashes[i], *wants[i]);
+      std::printf("%s [%s] %s: flash %.2e naive %.2e\n", what.c_str(), config.str().c_str(),
+                  names[i], flash_error, naive_error);
+      EXPECT_TRUE(all_finite(*flashes[i])) << names[i];
+      EXPECT_LE(flash_error, 2.0 * naive_error + 1e-4) << names[i];
+    }
+    EXPECT_EQ(lse_error(flash.fwd.lse, want.fwd.lse).mismatched, 0);
+    EXPECT_LE(lse_error(flash.fwd.lse, want.fwd.lse).relative, 1e-3);
   }
-  EXPECT_EQ(lse_error(flash.fwd.lse, want.fwd.lse).mismatched, 0);
-  EXPECT_LE(lse_error(flash.fwd.lse, want.fwd.lse).relative, 1e-3);
+}
+
+TEST_F(CudaFlashTest, LargeBf16ProblemMatchesNaiveFp32) {
+  Mask mask;
+  mask.causal = true;
+  mask.window = 300;
+  mask.has_segments = true;
+  const Inputs in = make_inputs({2, 2048, 8, 2, 128}, mask, DType::bf16, 99);
+  check_against_naive_fp32("large bf16", in, configs_under_test(in.problem));
+}
+
+// Past 16384 positions (a partial last tile, 129 query blocks of 128), causal with GQA.
+TEST_F(CudaFlashTest, VeryLongBf16ProblemMatchesNaiveFp32) {
+  Mask mask;
+  mask.causal = true;
+  const Inputs in = make_inputs({1, 16448, 2, 1, 128}, mask, DType::bf16, 5);
+  check_against_naive_fp32("s16448 bf16", in, configs_under_test(in.problem));
+}
+
+// Scales other than 1 / sqrt(D): larger, smaller and negative (the largest scaled score then
+// comes from the smallest raw one), with every mask.
+TEST_F(CudaFlashTest, NonDefaultScalesMatchNaiveFp32) {
+  Mask mask;
+  mask.causal = true;
+  mask.window = 200;
+  mask.has_segments = true;
+  for (const double scale : {0.3, 0.02, -0.2}) {
+    for (const int64_t head_dim : {64, 128}) {
+      Inputs in = make_inputs({2, 1000, 4, 2, head_dim}, mask, DType::bf16, 21);
+      in.problem.scale = scale;
+      check_against_naive_fp32(ft::str("scale ", scale, " d", head_dim), in,
+                               configs_under_test(in.problem));
+    }
+  }
 }
 
 // Same inputs, same bits in fp32 (no atomics there); bf16 dQ sums with atomics, so only closeness.

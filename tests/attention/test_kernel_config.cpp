@@ -48,8 +48,86 @@ TEST(KernelConfig, WgmmaPathsInText) {
   EXPECT_EQ(mma.forward_path, ForwardPath::mma);
   EXPECT_EQ(mma.forward_str(), "fwd=128x64/128");
   EXPECT_EQ(mma.backward_path, BackwardPath::wgmma) << "the backward part is kept";
-  expect_error([] { KernelConfig::parse("fwd=128x64/128/tma"); }, {"tma", "wgmma"});
-  expect_error([] { parse_forward_path("tma"); }, {"tma", "mma, wgmma"});
+  expect_error([] { parse_forward_path("cp"); }, {"cp", "mma, wgmma, tma"});
+  expect_error([] { KernelConfig::parse("fwd=128x64/128/wgmma/s2"); }, {"s2", "tma path only"});
+}
+
+// The tma path names its ring depth and turns; left out they are /s2/pp.
+TEST(KernelConfig, TmaPathInText) {
+  const KernelConfig c = KernelConfig::parse("fwd=128x128/384/tma/s2/pp bwd=64x128/256/wgmma");
+  EXPECT_EQ(c.forward_path, ForwardPath::tma);
+  EXPECT_EQ(c.forward_stages, 2);
+  EXPECT_TRUE(c.forward_pingpong);
+  EXPECT_EQ(c.str(), "fwd=128x128/384/tma/s2/pp bwd=64x128/256/wgmma");
+  EXPECT_EQ(KernelConfig::parse(c.str()), c);
+  EXPECT_EQ(KernelConfig::parse("fwd=128x128/384/tma", c), c);
+  const KernelConfig seq = KernelConfig::parse("fwd=128x64/384/tma/s3/nopp", c);
+  EXPECT_EQ(seq.forward_stages, 3);
+  EXPECT_FALSE(seq.forward_pingpong);
+  EXPECT_EQ(seq.forward_str(), "fwd=128x64/384/tma/s3/nopp");
+  // Back to another path: the tma knobs are cleared, so configurations compare equal.
+  EXPECT_EQ(KernelConfig::parse("fwd=128x128/256/wgmma", c),
+            KernelConfig::parse("fwd=128x128/256/wgmma bwd=64x128/256/wgmma"));
+}
+
+// Every plan of tma_plans.h is a configuration can_implement accepts on sm90 (for the forward)
+// with its shared memory, and the plan list is what the sweep's tma candidates are.
+TEST(KernelConfig, TmaPlansAreTheCandidates) {
+  const DeviceLimits sm90 = DeviceLimits::for_arch("sm90");
+  int plans = 0;
+  for (int64_t d : tma_head_dims()) {
+    const std::vector<TmaForwardPlan> candidates = sweep_tma_plans(d);
+    ASSERT_FALSE(candidates.empty()) << d;
+    for (const TmaForwardPlan& plan : candidates) {
+      ++plans;
+      const KernelConfig c = with_tma_forward(default_config(sm90, d), plan);
+      const Problem p = bf16_problem(d);
+      ASSERT_NE(find_tma_plan(c, d), nullptr) << c.str();
+      EXPECT_TRUE(*find_tma_plan(c, d) == plan) << c.str();
+      EXPECT_EQ(forward_smem_bytes(c, d), plan.smem_bytes()) << c.str();
+      EXPECT_LE(plan.smem_bytes(), sm90.max_smem_per_block) << c.str();
+      const std::string why = can_implement(c, p, sm90, KernelDirection::forward);
+      const bool compiled =
+          std::find(compiled_kernels().tma_forward.begin(), compiled_kernels().tma_forward.end(),
+                    plan) != compiled_kernels().tma_forward.end();
+      if (compiled) {
+        EXPECT_EQ(why, "") << c.str();
+      } else {
+        EXPECT_NE(why.find("not compiled"), std::string::npos) << c.str() << ": " << why;
+      }
+    }
+  }
+  EXPECT_EQ(plans, kTmaForwardPlanCount);
+}
+
+TEST(KernelConfig, TmaReasons) {
+  const DeviceLimits sm90 = DeviceLimits::for_arch("sm90");
+  const KernelConfig c = KernelConfig::parse("fwd=128x128/384/tma/s2/pp bwd=64x128/256/wgmma");
+  const Problem p = bf16_problem(128);
+  EXPECT_EQ(can_implement(c, p, sm90), "");
+  for (const char* arch : {"sm80", "sm86", "sm100", "sm120"}) {
+    const std::string why = can_implement(c, p, DeviceLimits::for_arch(arch));
+    EXPECT_NE(why.find("tma path needs sm90"), std::string::npos) << arch << ": " << why;
+  }
+  const std::string d32 = can_implement(c, bf16_problem(32), sm90);
+  EXPECT_NE(d32.find("head dim 32: the tma forward kernels support 64, 128, 256"),
+            std::string::npos)
+      << d32;
+  KernelConfig bad = c;
+  bad.forward = {128, 96, 384};  // no such plan: the reason lists the plans of the head dim
+  const std::string no_plan = can_implement(bad, p, sm90);
+  EXPECT_NE(no_plan.find("not a tma plan for head dim 128"), std::string::npos) << no_plan;
+  EXPECT_NE(no_plan.find("128x128/384/tma/s2/pp"), std::string::npos) << no_plan;
+  bad = c;
+  bad.forward.threads = 256;
+  EXPECT_NE(can_implement(bad, p, sm90).find("runs 384 threads"), std::string::npos);
+  // Head dim 256: the tma forward runs, no backward kernel does.
+  const Problem d256 = bf16_problem(256);
+  const KernelConfig c256 = KernelConfig::parse("fwd=128x64/384/tma/s2/pp bwd=64x128/256/wgmma");
+  EXPECT_EQ(can_implement(c256, d256, sm90, KernelDirection::forward), "");
+  EXPECT_NE(can_implement(c256, d256, sm90, KernelDirection::backward).find("head dim 256"),
+            std::string::npos);
+  EXPECT_NE(can_implement(c256, d256, sm90).find("head dim 256"), std::string::npos);
 }
 
 TEST(KernelConfig, BadTextNamesTheWordAndTheForm) {
@@ -190,15 +268,18 @@ TEST(KernelConfig, DefaultsDependOnTheMaskClass) {
   const DeviceLimits sm90 = DeviceLimits::for_arch("sm90");
   Problem p = bf16_problem(128);
   EXPECT_EQ(mask_class_of(p.mask), MaskClass::dense);
-  EXPECT_EQ(default_config(sm90, p).str(), "fwd=128x128/256/wgmma bwd=64x128/256/wgmma");
+  EXPECT_EQ(default_config(sm90, p).str(), "fwd=128x128/384/tma/s2/pp bwd=64x128/256/wgmma");
   EXPECT_EQ(default_config(sm90, 64, MaskClass::dense).str(),
-            "fwd=64x128/128/wgmma bwd=64x64/128/wgmma");
+            "fwd=128x128/384/tma/s2/pp bwd=64x64/128/wgmma");
+  EXPECT_EQ(default_config(sm90, 256, MaskClass::dense).str(),
+            "fwd=128x64/384/tma/s2/pp bwd=64x128/256/wgmma")
+      << "head dim 256: the tma forward (no backward kernel runs it)";
   EXPECT_EQ(default_config(sm90, 32, MaskClass::dense).str(),
             "fwd=128x64/128 bwd=64x128/256/double")
       << "head dim 32 has no wgmma kernels";
   p.mask.window = 512;
   EXPECT_EQ(mask_class_of(p.mask), MaskClass::local);
-  EXPECT_EQ(default_config(sm90, p).str(), "fwd=64x64/128/wgmma bwd=64x64/128/wgmma");
+  EXPECT_EQ(default_config(sm90, p).str(), "fwd=128x64/384/tma/s2/pp bwd=64x64/128/wgmma");
   p.mask.window = 0;
   p.mask.has_segments = true;
   EXPECT_EQ(default_config(sm90, p), default_config(sm90, 128, MaskClass::local));

@@ -49,14 +49,15 @@ TEST(SweepCli, DryRunSm90ListsEveryCandidateWithVerdicts) {
   const test::CommandResult r = test::run_cli("sweep --dry-run --arch sm90");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("dry run for sm90 (232448 B"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("base config (the default): fwd=128x128/256/wgmma bwd=64x128/256/wgmma"),
-            std::string::npos);
+  EXPECT_NE(
+      r.output.find("base config (the default): fwd=128x128/384/tma/s2/pp bwd=64x128/256/wgmma"),
+      std::string::npos);
   EXPECT_NE(r.output.find("reference row: fwd=64x64/128 bwd=64x64/128/wgmma"), std::string::npos);
-  // The reference, the base, 10 more forward tiles (8 mma, 2 more wgmma) and the other wgmma
-  // backward tile.
-  EXPECT_EQ(table_rows(r.output), 13) << r.output;
+  // The reference, the base, 15 more forward tiles (8 mma, 3 wgmma, the 4 other tma plans of
+  // head dim 128) and the other wgmma backward tile.
+  EXPECT_EQ(table_rows(r.output), 18) << r.output;
   EXPECT_GE(count(r.output, "can run"), 3);  // ref, base and 64x64 forward are always compiled
-  EXPECT_NE(r.output.find("13 rows"), std::string::npos);
+  EXPECT_NE(r.output.find("18 rows"), std::string::npos);
 
   // Every path: the mma.sync backward tiles too, refused with can_implement's reasons.
   const test::CommandResult all = test::run_cli("sweep --dry-run --arch sm90 --all-paths");
@@ -116,7 +117,8 @@ TEST(SweepCli, DryRunWritesJsonAndCsv) {
   EXPECT_EQ(j["header"]["gpus"][0]["arch"], "sm90");
   EXPECT_EQ(j["rows"].size(),
             1u + attention::sweep_forward_tiles(attention::ForwardPath::mma).size() +
-                attention::sweep_forward_tiles(attention::ForwardPath::wgmma).size());
+                attention::sweep_forward_tiles(attention::ForwardPath::wgmma).size() +
+                attention::sweep_tma_plans(128).size());
   for (const auto& row : j["rows"]) {
     const std::string status = row["status"];
     EXPECT_TRUE(status == "planned" || status == "refused") << status;

@@ -13,6 +13,7 @@
 #include "attention/cuda/cuda_kernels.h"
 #include "attention/cuda/flash_bf16.cuh"
 #include "attention/cuda/flash_launch.h"
+#include "attention/cuda/flash_tma_forward.cuh"
 #include "attention/cuda/flash_wgmma.cuh"
 #include "core/cuda/check.h"
 #include "core/cuda/runtime.h"
@@ -118,6 +119,9 @@ const Bf16Kernels& bf16_kernels() {
     add_wgmma_forward_d128(k);
     add_wgmma_backward_d64(k);
     add_wgmma_backward_d128(k);
+    add_tma_forward_d64(k);
+    add_tma_forward_d128(k);
+    add_tma_forward_d256(k);
     return k;
   }();
   return table;
@@ -172,13 +176,17 @@ void attach(FlashParams& fp, const DeviceSegments& s) {
 
 }  // namespace
 
-void flash_bf16_forward(const TileConfig& tile, ForwardPath path, const FlashParams& p,
-                        cudaStream_t stream) {
+void flash_bf16_forward(const KernelConfig& config, const FlashParams& p, cudaStream_t stream) {
   for (const auto& k : bf16_kernels().forward) {
-    if (k.head_dim == p.head_dim && k.tile == tile && k.path == path) return k.launch(p, stream);
+    const bool knobs = k.path != ForwardPath::tma ||
+                       (k.stages == config.forward_stages && k.pingpong == config.forward_pingpong);
+    if (k.head_dim == p.head_dim && k.tile == config.forward && k.path == config.forward_path &&
+        knobs) {
+      return k.launch(p, stream);
+    }
   }
-  throw Error(str("attention: no compiled bf16 forward kernel for tile ", tile.str(), "/",
-                  forward_path_name(path), " and head dim ", p.head_dim));
+  throw Error(str("attention: no compiled bf16 forward kernel for ", config.forward_str(),
+                  " and head dim ", p.head_dim));
 }
 
 void flash_bf16_backward(const TileConfig& tile, BackwardPath path, const FlashParams& p,
@@ -204,7 +212,7 @@ ForwardOutput flash_forward(const Problem& p, const Tensor& q, const Tensor& k, 
   if (p.dtype == DType::f32) {
     flash_fp32_forward(fp, ft::cuda::current_stream());
   } else {
-    flash_bf16_forward(config.forward, config.forward_path, fp, ft::cuda::current_stream());
+    flash_bf16_forward(config, fp, ft::cuda::current_stream());
   }
   return out;
 }

@@ -47,6 +47,8 @@ struct Bf16Kernels {
     TileConfig tile;
     ForwardPath path;
     ForwardLaunch launch;
+    int stages = 0;         // tma path: ring slots of K and V
+    bool pingpong = false;  // tma path: consumer warpgroups take turns
   };
   struct Backward {
     int head_dim;

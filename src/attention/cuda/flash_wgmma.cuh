@@ -26,6 +26,7 @@
 #pragma once
 
 #include "attention/cuda/flash_bf16.cuh"
+#include "attention/cuda/hopper.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FT_WGMMA_ENABLED 1
@@ -50,15 +51,22 @@ using bf16_detail::quad_max;
 using bf16_detail::quad_sum;
 using bf16_detail::red_add_f32x4;
 using bf16_detail::smem_addr;
-
-constexpr int kPanel = 64;  // columns of a panel
-constexpr int kPanelRowBytes = 128;
-
-// Element offset of (row, col) in a [ROWS][COLS] tile stored as 64-column swizzled panels.
-template <int ROWS>
-__device__ __forceinline__ int panel_offset(int row, int col) {
-  return (col / kPanel) * ROWS * kPanel + row * kPanel + ((((col % kPanel) / 8) ^ (row % 8)) * 8) +
-         col % 8;
+using hopper::acc_to_a;
+using hopper::advance;
+using hopper::desc;
+using hopper::kPanel;
+using hopper::kPanelRowBytes;
+using hopper::mma_rs;
+using hopper::mma_ss;
+using hopper::panel_offset;
+using hopper::pin;
+using hopper::wg_commit;
+using hopper::wg_fence;
+using hopper::wg_wait;
+// Shared memory written by threads (cp.async, st.shared) becomes visible to wgmma's operand
+// reads only after this fence (and a barrier for other threads' writes).
+inline __device__ void fence_smem_for_wgmma() {
+  hopper::fence_async_shared();
 }
 
 // Rows [row0, row0 + ROWS) of one head of a [B, S, H, D] tensor into a panel tile (rows past the
@@ -87,123 +95,7 @@ __device__ __forceinline__ void load_panels(__nv_bfloat16* tile, const __nv_bflo
 // The dynamic shared memory, rounded up to the 1024 bytes the swizzled panels need (the
 // allocation asks for 1024 bytes more than the tiles).
 __device__ __forceinline__ __nv_bfloat16* aligned_smem(unsigned char* raw) {
-  const uint32_t pad = (1024 - (smem_addr(raw) & 1023)) & 1023;
-  return reinterpret_cast<__nv_bfloat16*>(raw + pad);
-}
-
-// Matrix descriptor of a swizzled panel operand starting at shared address `addr`. The stride
-// between 8-row groups is 1024 bytes; `panel_bytes` (the stride between 64-column panels) is
-// used by MN-major operands wider than one panel.
-__device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t panel_bytes) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) |
-         (static_cast<uint64_t>(panel_bytes >> 4) << 16) |
-         (static_cast<uint64_t>(1024 >> 4) << 32) | (uint64_t{1} << 62);
-}
-// The descriptor of the same operand `bytes` further on (shared addresses stay below 256 KB, so
-// the 14-bit address field never carries).
-__device__ __forceinline__ uint64_t advance(uint64_t d, uint32_t bytes) {
-  return d + (bytes >> 4);
-}
-
-__device__ __forceinline__ void wg_fence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wg_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void wg_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// Shared memory written by threads (cp.async, st.shared) becomes visible to wgmma's operand
-// reads only after this fence (and a barrier for other threads' writes).
-__device__ __forceinline__ void fence_smem_for_wgmma() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-// Keeps the compiler from moving reads or writes of accumulator / operand registers across an
-// issue or a wait (the products run asynchronously).
-template <int N>
-__device__ __forceinline__ void pin(float (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-__device__ __forceinline__ void pin(uint32_t (&r)[4]) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(r[i])::"memory");
-}
-
-#define FT_ACC8(d, i)                                                                         \
-  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
-      "+f"(d[i + 6]), "+f"(d[i + 7])
-#define FT_ACC32(d) FT_ACC8(d, 0), FT_ACC8(d, 8), FT_ACC8(d, 16), FT_ACC8(d, 24)
-#define FT_ACC64(d) FT_ACC32(d), FT_ACC8(d, 32), FT_ACC8(d, 40), FT_ACC8(d, 48), FT_ACC8(d, 56)
-#define FT_REGS32                                                                               \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
-  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
-#define FT_REGS64                                                                               \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
-  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "  \
-  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "  \
-  "%56, %57, %58, %59, %60, %61, %62, %63}"
-
-// d (64 x N, fp32) = a b (+ d when accumulate): a 64x16 and b 16xN from shared memory. TA / TB:
-// 0 when the operand is K-major (its 16 reduction columns are contiguous in a row), 1 when
-// MN-major (its rows are the reduction).
-template <int N, int TA, int TB>
-__device__ __forceinline__ void mma_ss(float (&d)[N / 2], uint64_t a, uint64_t b, bool accumulate) {
-#ifdef FT_WGMMA_ENABLED
-  static_assert(N == 64 || N == 128, "N is 64 or 128");
-  if constexpr (N == 64) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FT_REGS32
-        ", %32, %33, p, 1, 1, %35, %36;\n}\n"
-        : FT_ACC32(d)
-        : "l"(a), "l"(b), "r"(int{accumulate}), "n"(TA), "n"(TB));
-  } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FT_REGS64
-        ", %64, %65, p, 1, 1, %67, %68;\n}\n"
-        : FT_ACC64(d)
-        : "l"(a), "l"(b), "r"(int{accumulate}), "n"(TA), "n"(TB));
-  }
-#endif
-}
-
-// d (64 x N) += a b: a 64x16 from registers (the mma.sync A fragment layout per warp), b from
-// shared memory (TB as in mma_ss).
-template <int N, int TB>
-__device__ __forceinline__ void mma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b) {
-#ifdef FT_WGMMA_ENABLED
-  static_assert(N == 64 || N == 128, "N is 64 or 128");
-  if constexpr (N == 64) {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FT_REGS32
-                 ", {%32, %33, %34, %35}, %36, 1, 1, 1, %37;\n"
-                 : FT_ACC32(d)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TB));
-  } else {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FT_REGS64
-                 ", {%64, %65, %66, %67}, %68, 1, 1, 1, %69;\n"
-                 : FT_ACC64(d)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TB));
-  }
-#endif
-}
-
-#undef FT_ACC8
-#undef FT_ACC32
-#undef FT_ACC64
-#undef FT_REGS32
-#undef FT_REGS64
-
-// Columns 16k..16k+15 of an accumulator (n8 tiles 2k and 2k + 1) as a register A operand.
-template <int N>
-__device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&acc)[N], int k) {
-  a[0] = pack_bf16(acc[8 * k + 0], acc[8 * k + 1]);
-  a[1] = pack_bf16(acc[8 * k + 2], acc[8 * k + 3]);
-  a[2] = pack_bf16(acc[8 * k + 4], acc[8 * k + 5]);
-  a[3] = pack_bf16(acc[8 * k + 6], acc[8 * k + 7]);
+  return reinterpret_cast<__nv_bfloat16*>(hopper::align_1024(raw));
 }
 
 // ---- forward ----

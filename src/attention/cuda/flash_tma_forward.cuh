@@ -1,0 +1,639 @@
+// bf16 flash attention forward for Hopper (sm_90a): the `tma` path. FlashAttention-3's design,
+// built from the pieces of hopper.cuh; one kernel template, instantiated per tile plan
+// (tma_plans.h) by flash_bf16_tma_fwd_d*.cu.
+//
+// A block is persistent: it walks work tiles (64 * groups query rows of one head of one batch
+// row) in the order of TileOrder, longest first, and is made of
+//   - a producer warpgroup that gives most of its registers away; one warp of it issues every
+//     copy: Q of each work tile, and K and V of each visible key tile into a ring of `stages`
+//     slots, all through the copy engine (TMA) onto mbarriers;
+//   - `groups` consumer warpgroups that never copy: each owns 64 query rows of the work tile and
+//     runs S = Q K^T and O += P V as warpgroup products from shared memory (P from registers).
+// Inside a consumer the products of key tile j overlap the softmax of tile j: per tile it issues
+// S_j and O += P_{j-1} V_{j-1}, then the mask and the online softmax of S_j run while P V is on
+// the tensor cores. Between consumers (`pingpong`) a named barrier passes the turn to issue
+// products around, so one group's softmax runs while the others' products fill the tensor cores.
+// Ring slots are released per warp as soon as the products that read them are done.
+// The output goes through shared memory (a buffer of its own, or each group's rows of Q when
+// shared memory is short) to TMA stores; lse is written by the threads.
+//
+// Masks: without segment ids causal and window bound a contiguous range of key tiles and each
+// tile's cover follows from positions; with segment ids the producer classifies the work tile's
+// key tiles into a shared-memory table (two, for this work tile and the next) before it hands
+// over Q, so both sides skip the same hidden tiles. The element-wise mask runs only on the tiles
+// a boundary cuts (and the last, partial key tile).
+//
+// Traffic: Q and O once; K and V once per work tile that sees them (heads of a GQA group are
+// neighbours in the order, so they meet in L2).
+#pragma once
+
+#include <algorithm>
+
+#include "attention/cuda/flash_bf16.cuh"
+#include "attention/cuda/hopper.cuh"
+#include "attention/tma_plans.h"
+
+namespace ft::attention::cuda {
+
+void add_tma_forward_d64(Bf16Kernels& k);
+void add_tma_forward_d128(Bf16Kernels& k);
+void add_tma_forward_d256(Bf16Kernels& k);
+
+// A 4-d tensor map over a [B, S, H, D] bf16 tensor whose boxes are 64 columns x `box_rows` rows
+// of one head, swizzled by 128 bytes (tensor_map.cu).
+CUtensorMap head_tensor_map(const void* base, int batch, int seq_len, int heads, int head_dim,
+                            int box_rows);
+// Multiprocessors of the current device (tensor_map.cu).
+int sm_count();
+
+namespace tma_detail {
+
+using bf16_detail::fast_exp2;
+using bf16_detail::quad_max;
+using bf16_detail::quad_sum;
+using namespace hopper;
+
+// ---- scheduler ----
+
+struct WorkTile {
+  int q_block, head, batch;
+};
+
+// The order in which persistent blocks take work tiles (block b takes b, b + grid, ...). (head,
+// batch row) pairs are cut into sections whose K and V fit in L2 together; inside a section the
+// query blocks go from the most keys to the fewest (causal: the last query block first), so the
+// longest tiles start first and the short ones fill the tail. Heads of one GQA group are adjacent.
+struct TileOrder {
+  int q_blocks = 0, pairs = 0, section_pairs = 1, q_heads = 0;
+  bool last_block_first = false;
+
+  __host__ __device__ int count() const { return q_blocks * pairs; }
+  __device__ WorkTile at(int t) const {
+    const int per_section = section_pairs * q_blocks;
+    const int section = t / per_section;
+    const int first_pair = section * section_pairs;
+    const int pairs_here = min(section_pairs, pairs - first_pair);
+    const int r = t - section * per_section;
+    const int rank = r / pairs_here, pair = first_pair + r % pairs_here;
+    return {last_block_first ? q_blocks - 1 - rank : rank, pair % q_heads, pair / q_heads};
+  }
+};
+
+struct TmaForwardArgs {
+  CUtensorMap q, k, v, o;
+  FlashParams p;
+  TileOrder order;
+};
+
+// ---- shared memory ----
+
+template <int PLAN>
+struct Smem {
+  static constexpr TmaForwardPlan P = kTmaForwardPlans[PLAN];
+  static constexpr int64_t kQ = 0;
+  static constexpr int64_t kK = kQ + P.tile_bytes(P.block_m);
+  static constexpr int64_t kV = kK + P.stages * P.tile_bytes(P.block_n);
+  static constexpr int64_t kRingEnd = kV + P.stages * P.tile_bytes(P.block_n);
+  static constexpr int64_t kO = P.o_aliases_q() ? kQ : kRingEnd;
+  static constexpr int64_t kTable = P.o_aliases_q() ? kRingEnd : kO + P.tile_bytes(P.block_m);
+  static constexpr int64_t kBarriers = kTable + TmaForwardPlan::table_bytes();
+  static_assert(kBarriers + TmaForwardPlan::barrier_bytes() + TmaForwardPlan::align_slack() ==
+                    P.smem_bytes(),
+                "the kernel's layout is the plan's byte count");
+  static_assert(kK % 1024 == 0 && kV % 1024 == 0 && kO % 1024 == 0, "panels on 1024 bytes");
+  static_assert(kBarriers % 8 == 0 && (1 + 4 * P.stages) * 8 <= TmaForwardPlan::barrier_bytes(),
+                "barriers fit");
+
+  unsigned char* base;
+  __device__ __nv_bfloat16* q() const { return reinterpret_cast<__nv_bfloat16*>(base + kQ); }
+  __device__ __nv_bfloat16* k(int slot) const {
+    return reinterpret_cast<__nv_bfloat16*>(base + kK + slot * P.tile_bytes(P.block_n));
+  }
+  __device__ __nv_bfloat16* v(int slot) const {
+    return reinterpret_cast<__nv_bfloat16*>(base + kV + slot * P.tile_bytes(P.block_n));
+  }
+  // Group g's 64 output rows and the distance between their 64-column panels (elements).
+  __device__ __nv_bfloat16* o(int g) const {
+    auto* t = reinterpret_cast<__nv_bfloat16*>(base + kO);
+    return P.o_aliases_q() ? t + g * 64 * kPanel : t + g * 64 * P.head_dim;
+  }
+  static constexpr int kOPanelStride = P.o_aliases_q() ? P.block_m * kPanel : 64 * kPanel;
+  // The segment tables of work tiles with even and odd local index.
+  __device__ int* table_ids(int parity) const {
+    return reinterpret_cast<int*>(base + kTable) + parity * kTmaTileTable;
+  }
+  __device__ int8_t* table_covers(int parity) const {
+    return reinterpret_cast<int8_t*>(base + kTable + 2 * kTmaTileTable * 4) +
+           parity * kTmaTileTable;
+  }
+  __device__ uint64_t* barrier(int i) const {
+    return reinterpret_cast<uint64_t*>(base + kBarriers) + i;
+  }
+  __device__ uint64_t* q_full() const { return barrier(0); }
+  __device__ uint64_t* k_full(int s) const { return barrier(1 + s); }
+  __device__ uint64_t* v_full(int s) const { return barrier(1 + P.stages + s); }
+  __device__ uint64_t* k_empty(int s) const { return barrier(1 + 2 * P.stages + s); }
+  __device__ uint64_t* v_empty(int s) const { return barrier(1 + 3 * P.stages + s); }
+};
+
+// Named barriers: the producer waits for Q's buffer to be free; consumer g waits for its turn
+// to issue products (pingpong); each group syncs its own epilogue.
+constexpr int kQEmptyBarrier = 1;
+__device__ __forceinline__ constexpr int turn_barrier(int g) {
+  return 2 + g;
+}
+template <int GROUPS>
+__device__ __forceinline__ constexpr int epilogue_barrier(int g) {
+  return 2 + GROUPS + g;
+}
+
+// ---- key tiles of a work tile and their covers ----
+
+template <int BM, int BN, bool SEG>
+struct KeyTiles {
+  const FlashParams& p;
+  int q0, q1;      // the work tile's query rows [q0, q1)
+  int begin, end;  // key tiles that causal and window leave: [begin, end)
+  const SegmentChunk* chunk_row;
+  SegmentChunk q_span;
+  int* ids;  // the table (SEG and short enough), else null
+  int8_t* covers;
+
+  __device__ KeyTiles(const FlashParams& params, const WorkTile& w, int* table_ids,
+                      int8_t* table_covers)
+      : p(params) {
+    const int S = p.seq_len;
+    q0 = w.q_block * BM;
+    q1 = min(q0 + BM, S);
+    const int2 keys = key_range(p, q0, q1);
+    begin = keys.x / BN;
+    end = (keys.y + BN - 1) / BN;
+    chunk_row = SEG ? p.segment_chunks + int64_t{w.batch} * p.chunks_per_row() : nullptr;
+    q_span = SEG ? combine_chunks(chunk_row, q0, q1) : SegmentChunk{0, 0, 0, 0};
+    const bool table = SEG && end - begin <= kTmaTileTable;
+    ids = table ? table_ids : nullptr;
+    covers = table ? table_covers : nullptr;
+  }
+
+  // The producer's warp fills the table (one tile per lane at a time).
+  __device__ void classify_all(int lane) {
+    if (covers == nullptr) return;
+    for (int t = lane; t < end - begin; t += 32) {
+      const int k0 = (begin + t) * BN, k1 = min(k0 + BN, p.seq_len);
+      const SegmentChunk k_span = combine_chunks(chunk_row, k0, k1);
+      covers[t] = static_cast<int8_t>(classify_spans(p, true, q_span, k_span, q0, q1, k0, k1));
+      ids[t] = k_span.lowest == k_span.highest && !k_span.has_padding ? k_span.lowest : -1;
+    }
+  }
+  __device__ Cover cover(int kb) const {
+    const int k0 = kb * BN, k1 = min(k0 + BN, p.seq_len);
+    if (!SEG) return classify_spans(p, false, q_span, q_span, q0, q1, k0, k1);
+    if (covers != nullptr) return static_cast<Cover>(covers[kb - begin]);
+    return classify(p, chunk_row, q_span, q0, q1, k0, k1);
+  }
+  // The first tile from kb on that the mask does not hide (causal and window hide none of
+  // [begin, end)).
+  __device__ int next_visible(int kb) const {
+    if constexpr (SEG) {
+      while (kb < end && cover(kb) == Cover::hidden) ++kb;
+    }
+    return kb;
+  }
+  // Whether all keys of tile kb belong to one document (no padding), and which.
+  __device__ UniformSegment key_segment(int kb) const {
+    if (ids != nullptr) return {ids[kb - begin] >= 0, ids[kb - begin]};
+    const int k0 = kb * BN;
+    return uniform_segment(chunk_row, k0, min(k0 + BN, p.seq_len));
+  }
+};
+
+// ---- producer ----
+
+template <int PLAN, bool SEG>
+__device__ __forceinline__ void produce(const TmaForwardArgs& a, const Smem<PLAN>& s) {
+  constexpr TmaForwardPlan P = kTmaForwardPlans[PLAN];
+  constexpr int kPanels = P.head_dim / kPanel;
+  constexpr uint32_t kKvBytes = P.block_n * P.head_dim * 2;
+  constexpr uint32_t kQBytes = P.block_m * P.head_dim * 2;
+  const int lane = threadIdx.x % 32;
+  if (lane == 0) {
+    tma_prefetch_map(&a.q);
+    tma_prefetch_map(&a.k);
+    tma_prefetch_map(&a.v);
+    tma_prefetch_map(&a.o);
+  }
+  RingPosition<P.stages> ring;
+  auto load_kv = [&](const CUtensorMap* map, __nv_bfloat16* slot, uint64_t* full, uint64_t* empty,
+                     int kb, const WorkTile& w) {
+    if (lane != 0) return;
+    mbar_wait(empty, ring.parity ^ 1);
+    mbar_arrive_expect_bytes(full, kKvBytes);
+    const int hk = w.head / a.p.group();
+#pragma unroll
+    for (int panel = 0; panel < kPanels; ++panel) {
+      tma_load(slot + panel * P.block_n * kPanel, map, full, panel * kPanel, hk, kb * P.block_n,
+               w.batch);
+    }
+  };
+  int local = 0;
+  for (int t = blockIdx.x; t < a.order.count(); t += gridDim.x, ++local) {
+    const WorkTile w = a.order.at(t);
+    KeyTiles<P.block_m, P.block_n, SEG> tiles(a.p, w, s.table_ids(local & 1),
+                                              s.table_covers(local & 1));
+    tiles.classify_all(lane);
+    __syncwarp();
+    int kb = tiles.next_visible(tiles.begin);
+    // K of the first tile goes out before waiting for Q's buffer: it overlaps the consumers'
+    // last product and epilogue of the previous work tile.
+    if (kb < tiles.end) {
+      load_kv(&a.k, s.k(ring.slot), s.k_full(ring.slot), s.k_empty(ring.slot), kb, w);
+    }
+    __syncwarp();
+    named_sync(kQEmptyBarrier, 128 * P.consumer_groups() + 32);
+    // Every lane arrives (its table entries are then visible to the consumers); lane 0 also
+    // announces Q's bytes.
+    if (lane == 0) {
+      mbar_arrive_expect_bytes(s.q_full(), kQBytes);
+#pragma unroll
+      for (int panel = 0; panel < kPanels; ++panel) {
+        tma_load(s.q() + panel * P.block_m * kPanel, &a.q, s.q_full(), panel * kPanel, w.head,
+                 tiles.q0, w.batch);
+      }
+    } else {
+      mbar_arrive(s.q_full());
+    }
+    if (kb >= tiles.end) continue;
+    load_kv(&a.v, s.v(ring.slot), s.v_full(ring.slot), s.v_empty(ring.slot), kb, w);
+    ring.advance();
+    for (kb = tiles.next_visible(kb + 1); kb < tiles.end; kb = tiles.next_visible(kb + 1)) {
+      load_kv(&a.k, s.k(ring.slot), s.k_full(ring.slot), s.k_empty(ring.slot), kb, w);
+      load_kv(&a.v, s.v(ring.slot), s.v_full(ring.slot), s.v_empty(ring.slot), kb, w);
+      ring.advance();
+    }
+  }
+}
+
+// ---- consumer pieces ----
+
+// The element-wise mask on a tile that a boundary cuts: this thread's scores of rows `rows[0]`,
+// `rows[1]` (query positions) against keys k0 + nt * 8 + (lane % 4) * 2 + {0, 1}.
+template <int NT, bool SEG>
+__device__ __forceinline__ void mask_scores(float (&s)[NT * 4], const FlashParams& p,
+                                            const int (&rows)[2], const int (&qid)[2],
+                                            const int32_t* seg_row, UniformSegment keys_seg, int k0,
+                                            int lane, float masked) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = rows[e / 2];
+      const int j = k0 + nt * 8 + (lane % 4) * 2 + (e % 2);
+      bool ok = allowed_position(p, i, j);
+      if (SEG) ok = ok && same_segment(qid[e / 2], keys_seg.uniform ? keys_seg.id : seg_row[j]);
+      if (!ok) s[4 * nt + e] = masked;
+    }
+  }
+}
+
+// Online softmax of one key tile for this thread's two rows, base 2 with the scale folded into
+// the exponent: the new row maxima (of the scaled scores), alpha = the factor O is rescaled by,
+// P = exp2(s * scale_log2 - max) in place of the scores, and the running row sums. With a
+// negative scale the largest scaled score comes from the smallest raw one (and masked scores
+// are +inf).
+template <int NT>
+struct OnlineSoftmax {
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.0f, 0.0f};
+
+  __device__ __forceinline__ void step(float (&s)[NT * 4], float scale_log2, bool positive_scale,
+                                       float (&alpha)[2]) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float ext = positive_scale ? -INFINITY : INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const float a = s[4 * nt + 2 * half], b = s[4 * nt + 2 * half + 1];
+        ext = positive_scale ? fmaxf(ext, fmaxf(a, b)) : fminf(ext, fminf(a, b));
+      }
+      const float mx = fmaxf(row_max[half], quad_max(ext * scale_log2));
+      const float offset = mx == -INFINITY ? 0.0f : mx;
+      alpha[half] = fast_exp2(row_max[half] - offset);
+      row_max[half] = mx;
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 2 * half; e < 2 * half + 2; ++e) {
+          s[4 * nt + e] = fast_exp2(fmaf(s[4 * nt + e], scale_log2, -offset));
+          sum += s[4 * nt + e];
+        }
+      }
+      row_sum[half] = row_sum[half] * alpha[half] + sum;
+    }
+  }
+};
+
+// O *= alpha per row; once the rows' maxima settle (most tiles) every alpha is 1 and the warp
+// skips the pass.
+template <int DT>
+__device__ __forceinline__ void rescale(float (&o)[DT * 4], const float (&alpha)[2]) {
+  if (!__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) return;
+#pragma unroll
+  for (int dt = 0; dt < DT; ++dt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[4 * dt + e] *= alpha[e / 2];
+  }
+}
+
+// Epilogue of one consumer group: O / row sum to its 64 rows of the output buffer (bf16,
+// swizzled panels), one TMA store per panel, and lse by the threads.
+template <int PLAN, bool SEG>
+__device__ __forceinline__ void store_output(
+    const TmaForwardArgs& a, const Smem<PLAN>& s, int g, const WorkTile& w, int q0,
+    const float (&o)[kTmaForwardPlans[PLAN].head_dim / 2],
+    const OnlineSoftmax<kTmaForwardPlans[PLAN].block_n / 8>& sm) {
+  constexpr TmaForwardPlan P = kTmaForwardPlans[PLAN];
+  constexpr int DT = P.head_dim / 8;
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const int S = a.p.seq_len;
+  const int row0 = q0 + g * 64;  // this group's first row
+  __nv_bfloat16* out = s.o(g);
+  if (tid == 0) tma_store_wait_read();  // the previous work tile's stores have read the buffer
+  named_sync(epilogue_barrier<P.consumer_groups()>(g), 128);
+  float* lse_row = a.p.lse + (int64_t{w.batch} * a.p.q_heads + w.head) * S;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = warp * 16 + lane / 4 + 8 * half;
+    const float sum = quad_sum(sm.row_sum[half]);
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+      const int col = dt * 8 + (lane % 4) * 2;
+      const int at = (col / kPanel) * Smem<PLAN>::kOPanelStride + r * kPanel +
+                     ((((col % kPanel) / 8) ^ (r % 8)) * 8) + col % 8;
+      *reinterpret_cast<uint32_t*>(out + at) =
+          pack_bf16(o[4 * dt + 2 * half] * inv, o[4 * dt + 2 * half + 1] * inv);
+    }
+    const int i = row0 + r;
+    if (lane % 4 == 0 && i < S) {
+      lse_row[i] = sum > 0.0f ? (sm.row_max[half] + log2f(sum)) * 0.6931471805599453f : -INFINITY;
+    }
+  }
+  fence_async_shared();
+  named_sync(epilogue_barrier<P.consumer_groups()>(g), 128);
+  if (tid == 0 && row0 < S) {
+#pragma unroll
+    for (int panel = 0; panel < P.head_dim / kPanel; ++panel) {
+      tma_store(&a.o, out + panel * Smem<PLAN>::kOPanelStride, panel * kPanel, w.head, row0,
+                w.batch);
+    }
+    tma_store_commit();
+  }
+}
+
+// ---- consumer ----
+
+template <int PLAN, bool SEG>
+__device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN>& s, int g) {
+  constexpr TmaForwardPlan P = kTmaForwardPlans[PLAN];
+  constexpr int D = P.head_dim, BM = P.block_m, BN = P.block_n, NT = BN / 8, DT = D / 8;
+  constexpr int kGroups = P.consumer_groups();
+  constexpr int kQEmptyThreads = 128 * kGroups + 32;
+  constexpr uint32_t kSlotBytes = BN * D * 2;
+  const FlashParams& p = a.p;
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const int S = p.seq_len;
+  const bool positive_scale = p.scale_log2 > 0.0f;
+  const float masked = positive_scale ? -INFINITY : INFINITY;
+  const int next_group = g + 1 == kGroups ? 0 : g + 1;
+
+  // This group's Q rows (K-major, its 64 rows of each panel), the K slots (K-major) and the V
+  // slots (MN-major: the rows are the reduction).
+  const uint64_t q_desc = desc(smem_addr(s.q()) + g * 64 * kPanelRowBytes, 0);
+  const uint64_t k_desc = desc(smem_addr(s.k(0)), 0);
+  const uint64_t v_desc = desc(smem_addr(s.v(0)), BN * kPanelRowBytes);
+
+  named_arrive(kQEmptyBarrier, kQEmptyThreads);  // Q's buffer is free for the first work tile
+  if (P.pingpong && g == 0) named_arrive(turn_barrier(0), 256);  // group 0 takes the first turn
+
+  auto release = [&](uint64_t* empty) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty);
+  };
+  RingPosition<P.stages> ring;
+  int local = 0;
+  for (int t = blockIdx.x; t < a.order.count(); t += gridDim.x, ++local) {
+    const WorkTile w = a.order.at(t);
+    const KeyTiles<BM, BN, SEG> tiles(p, w, s.table_ids(local & 1), s.table_covers(local & 1));
+    const int32_t* seg_row = SEG ? p.segment_ids + int64_t{w.batch} * S : nullptr;
+    // This thread's two rows.
+    const int rows[2] = {tiles.q0 + g * 64 + warp * 16 + lane / 4,
+                         tiles.q0 + g * 64 + warp * 16 + lane / 4 + 8};
+    int qid[2] = {0, 0};
+    if (SEG) {
+      qid[0] = rows[0] < S ? seg_row[rows[0]] : -1;
+      qid[1] = rows[1] < S ? seg_row[rows[1]] : -1;
+    }
+    float o[DT * 4];
+#pragma unroll
+    for (int i = 0; i < DT * 4; ++i) o[i] = 0.0f;
+    OnlineSoftmax<NT> softmax;
+    uint32_t pa[BN / 16][4];  // P of the previous key tile, waiting for its product with V
+    mbar_wait(s.q_full(), local & 1);
+
+    // The pieces of one key tile. S = Q K^T of ring slot `slot` (both K-major; a 16-column
+    // step moves 32 bytes along a panel row).
+    float sc[NT * 4];
+    auto issue_scores = [&](int slot) {
+      const uint64_t k_slot = advance(k_desc, slot * kSlotBytes);
+#pragma unroll
+      for (int kd = 0; kd < D / 16; ++kd) {
+        const uint32_t col = (kd % 4) * 32;
+        mma_ss<BN, 0, 0>(sc, advance(q_desc, (kd / 4) * BM * kPanelRowBytes + col),
+                         advance(k_slot, (kd / 4) * BN * kPanelRowBytes + col), kd > 0);
+      }
+      wg_commit();
+    };
+    // O += P V of ring slot `slot`: P from registers, V MN-major (its rows are the keys).
+    auto issue_pv = [&](int slot) {
+      const uint64_t v_slot = advance(v_desc, slot * kSlotBytes);
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        mma_rs<D, 1>(o, pa[kk], advance(v_slot, kk * 16 * kPanelRowBytes));
+      }
+      wg_commit();
+    };
+    // Mask (where a boundary cuts the tile) and online softmax of the scores of key tile kb.
+    auto softmax_step = [&](int kb, float(&alpha)[2]) {
+      const int k0 = kb * BN;
+      if (k0 + BN > S || tiles.cover(kb) == Cover::partial) {
+        mask_scores<NT, SEG>(sc, p, rows, qid, seg_row,
+                             SEG ? tiles.key_segment(kb) : UniformSegment{true, 0}, k0, lane,
+                             masked);
+      }
+      softmax.step(sc, p.scale_log2, positive_scale, alpha);
+    };
+    auto begin_turn = [&] {
+      if (P.pingpong) named_sync(turn_barrier(g), 256);
+      pin(o);
+      pin(pa);
+      wg_fence();
+    };
+    auto end_turn = [&] {
+      if (P.pingpong) named_arrive(turn_barrier(next_group), 256);
+    };
+
+    int kb = tiles.next_visible(tiles.begin);
+    RingPosition<P.stages> prev = ring;  // the slot whose V the next P V reads
+    if (kb < tiles.end) {                // the first key tile: its scores alone
+      mbar_wait(s.k_full(ring.slot), ring.parity);
+      begin_turn();
+      issue_scores(ring.slot);
+      end_turn();
+      wg_wait<0>();
+      pin(sc);
+      release(s.k_empty(ring.slot));
+      float alpha[2];
+      softmax_step(kb, alpha);
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) acc_to_a(pa[kk], sc, kk);
+      prev = ring;
+      ring.advance();
+      kb = tiles.next_visible(kb + 1);
+    }
+    // Steady state: S_j and P_{j-1} V_{j-1} issued together, the softmax of S_j while P V runs.
+    for (; kb < tiles.end; kb = tiles.next_visible(kb + 1)) {
+      mbar_wait(s.k_full(ring.slot), ring.parity);
+      mbar_wait(s.v_full(prev.slot), prev.parity);
+      begin_turn();
+      issue_scores(ring.slot);
+      issue_pv(prev.slot);
+      end_turn();
+      wg_wait<1>();
+      pin(sc);
+      release(s.k_empty(ring.slot));
+      float alpha[2];
+      softmax_step(kb, alpha);
+      wg_wait<0>();
+      pin(o);
+      pin(pa);
+      release(s.v_empty(prev.slot));
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) acc_to_a(pa[kk], sc, kk);
+      rescale<DT>(o, alpha);
+      prev = ring;
+      ring.advance();
+    }
+    // The last S has read Q: the producer may load the next work tile's Q (unless the output
+    // is written over it).
+    if (!P.o_aliases_q()) named_arrive(kQEmptyBarrier, kQEmptyThreads);
+    if (prev.slot != ring.slot || prev.parity != ring.parity) {  // the last tile's P V
+      mbar_wait(s.v_full(prev.slot), prev.parity);
+      begin_turn();
+      issue_pv(prev.slot);
+      end_turn();
+      wg_wait<0>();
+      pin(o);
+      pin(pa);
+      release(s.v_empty(prev.slot));
+    }
+    store_output<PLAN, SEG>(a, s, g, w, tiles.q0, o, softmax);
+    if (P.o_aliases_q()) {  // Q's buffer is free once the stores have read it
+      if (tid == 0) tma_store_wait_read();
+      named_sync(epilogue_barrier<kGroups>(g), 128);
+      named_arrive(kQEmptyBarrier, kQEmptyThreads);
+    }
+  }
+  if (tid == 0) tma_store_wait_all();
+}
+
+// ---- the kernel ----
+
+template <int PLAN, bool SEG>
+__global__ void __launch_bounds__(kTmaForwardPlans[PLAN].threads(), 1)
+    tma_forward_kernel(const __grid_constant__ TmaForwardArgs args) {
+#ifdef FT_HOPPER_ENABLED
+  constexpr TmaForwardPlan P = kTmaForwardPlans[PLAN];
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const Smem<PLAN> s{align_1024(smem_raw)};
+  if (threadIdx.x == 0) {
+    mbar_init(s.q_full(), 32);  // every producer lane (the segment table is theirs)
+    for (int i = 0; i < P.stages; ++i) {
+      mbar_init(s.k_full(i), 1);
+      mbar_init(s.v_full(i), 1);
+      mbar_init(s.k_empty(i), 4 * P.consumer_groups());  // one arrival per consumer warp
+      mbar_init(s.v_empty(i), 4 * P.consumer_groups());
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+  // The warpgroup index, provably the same across the warp (the roles are warp-uniform
+  // branches, which setmaxnreg needs).
+  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
+  if (warpgroup == 0) {
+    release_registers<P.producer_registers()>();
+    if (threadIdx.x < 32) produce<PLAN, SEG>(args, s);
+  } else {
+    claim_registers<P.consumer_registers()>();
+    consume<PLAN, SEG>(args, s, warpgroup - 1);
+  }
+#else
+  __trap();  // only compiled for sm_90a; can_implement refuses other devices
+#endif
+}
+
+// ---- host ----
+
+// Sections of (head, batch row) pairs whose K and V fit in this much L2 together.
+constexpr int64_t kL2BytesForKv = int64_t{32} << 20;
+
+inline TileOrder make_tile_order(const FlashParams& p, int block_m) {
+  TileOrder order;
+  order.q_blocks = (p.seq_len + block_m - 1) / block_m;
+  order.pairs = p.q_heads * p.batch;
+  order.q_heads = p.q_heads;
+  // Causal: later query blocks see more keys. A window alone bounds keys from below, so earlier
+  // blocks see more.
+  order.last_block_first = p.causal;
+  const int64_t kv_head_bytes = int64_t{2} * p.seq_len * p.head_dim * 2;
+  int64_t kv_heads = 1;
+  while (kv_heads * 2 * kv_head_bytes <= kL2BytesForKv) kv_heads *= 2;
+  order.section_pairs = static_cast<int>(std::min<int64_t>(kv_heads * p.group(), order.pairs));
+  return order;
+}
+
+template <int PLAN>
+void launch_tma_forward(const FlashParams& p, cudaStream_t stream) {
+  constexpr TmaForwardPlan P = kTmaForwardPlans[PLAN];
+  TmaForwardArgs a;
+  a.q = head_tensor_map(p.q, p.batch, p.seq_len, p.q_heads, P.head_dim, P.block_m);
+  a.k = head_tensor_map(p.k, p.batch, p.seq_len, p.kv_heads, P.head_dim, P.block_n);
+  a.v = head_tensor_map(p.v, p.batch, p.seq_len, p.kv_heads, P.head_dim, P.block_n);
+  a.o = head_tensor_map(p.o, p.batch, p.seq_len, p.q_heads, P.head_dim, 64);
+  a.p = p;
+  a.order = make_tile_order(p, P.block_m);
+  auto kernel =
+      p.segment_ids != nullptr ? tma_forward_kernel<PLAN, true> : tma_forward_kernel<PLAN, false>;
+  FT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(P.smem_bytes())));
+  const int grid = std::min(a.order.count(), sm_count());  // one block per SM
+  kernel<<<grid, P.threads(), P.smem_bytes(), stream>>>(a);
+  FT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace tma_detail
+
+// Adds the compiled plans of head dim D to the table.
+template <int D, int I = 0>
+void add_tma_forward_kernels(Bf16Kernels& k) {
+  if constexpr (I < kTmaForwardPlanCount) {
+    constexpr TmaForwardPlan P = kTmaForwardPlans[I];
+    if constexpr (P.head_dim == D && tma_plan_compiled(P)) {
+      k.forward.push_back({D, TileConfig{P.block_m, P.block_n, P.threads()}, ForwardPath::tma,
+                           &tma_detail::launch_tma_forward<I>, P.stages, P.pingpong});
+    }
+    add_tma_forward_kernels<D, I + 1>(k);
+  }
+}
+
+}  // namespace ft::attention::cuda

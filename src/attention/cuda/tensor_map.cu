@@ -1,0 +1,67 @@
+// Host side of the TMA kernels: tensor maps over [B, S, H, D] tensors, encoded through the
+// driver's cuTensorMapEncodeTiled (reached through the runtime, so nothing links libcuda), and
+// the device's multiprocessor count for persistent grids.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <map>
+#include <mutex>
+
+#include "attention/cuda/flash_tma_forward.cuh"
+#include "core/cuda/check.h"
+
+namespace ft::attention::cuda {
+namespace {
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_function() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    FT_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
+                                                   cudaEnableDefault, &found));
+    FT_CHECK(found == cudaDriverEntryPointSuccess && f != nullptr,
+             "attention: the CUDA driver has no cuTensorMapEncodeTiled (TMA needs a driver for "
+             "CUDA 12 or newer)");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+}  // namespace
+
+CUtensorMap head_tensor_map(const void* base, int batch, int seq_len, int heads, int head_dim,
+                            int box_rows) {
+  constexpr cuuint64_t kElement = 2;  // bf16
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(heads),
+                              static_cast<cuuint64_t>(seq_len), static_cast<cuuint64_t>(batch)};
+  // Bytes between consecutive heads, rows and batch rows (the innermost dimension is dense).
+  const cuuint64_t strides[3] = {dims[0] * kElement, dims[0] * dims[1] * kElement,
+                                 dims[0] * dims[1] * dims[2] * kElement};
+  const cuuint32_t box[4] = {64, 1, static_cast<cuuint32_t>(box_rows), 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  CUtensorMap map;
+  const CUresult r = encode_function()(
+      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims, strides, box,
+      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  FT_CHECK(r == CUDA_SUCCESS, "attention: cuTensorMapEncodeTiled failed (error ", int{r},
+           ") for a [", batch, ", ", seq_len, ", ", heads, ", ", head_dim, "] tensor at ", base,
+           " with ", box_rows, "-row boxes");
+  return map;
+}
+
+int sm_count() {
+  static std::mutex mutex;
+  static std::map<int, int> counts;
+  int device = 0;
+  FT_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = counts.find(device);
+  if (it != counts.end()) return it->second;
+  int n = 0;
+  FT_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+  return counts.emplace(device, n).first->second;
+}
+
+}  // namespace ft::attention::cuda

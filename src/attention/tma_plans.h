@@ -1,0 +1,136 @@
+// Tile plans of the TMA forward kernels (sm90, bf16, flash_tma_forward.cuh): the one list that
+// the kernels instantiate, kernel_config.cpp judges (can_implement, the compiled set, shared
+// memory) and the sweep draws its candidates from. Plain constexpr C++ (no CUDA), so that the
+// CPU build and the tests read the same plans; the static_asserts below tie each plan to what
+// the kernel can hold (shared memory, registers, warpgroup layout).
+//
+// A block is one producer warpgroup (one warp issues the copies) and block_m / 64 consumer
+// warpgroups, 64 query rows each. K and V stream through a ring of `stages` slots of block_n
+// keys. With `pingpong` the consumer warpgroups take turns issuing their products, so that one
+// group's softmax runs while another's products use the tensor cores.
+#pragma once
+
+#include <cstdint>
+
+namespace ft::attention {
+
+// Shared memory per block with the opt-in on sm90 (kernel_config.cpp's architecture table
+// asserts the same value).
+inline constexpr int64_t kSm90SmemPerBlock = 232448;
+// Registers of one SM, shared by the block's warpgroups (one block per SM).
+inline constexpr int kSm90RegistersPerSm = 65536;
+// With segment ids the producer classifies up to this many key tiles of a query tile into a
+// shared-memory table (two of them, for the current and the next query tile); longer rows are
+// classified tile by tile.
+inline constexpr int kTmaTileTable = 256;
+
+struct TmaForwardPlan {
+  int head_dim = 0;
+  int block_m = 0;  // query rows: 64 per consumer warpgroup
+  int block_n = 0;  // key rows per ring slot
+  int stages = 0;   // ring slots of K and of V
+  bool pingpong = false;
+  bool compiled_by_default = false;  // also built without -DFLASHTRAIN_SWEEP_KERNELS=ON
+
+  constexpr int consumer_groups() const { return block_m / 64; }
+  constexpr int threads() const { return 128 * (consumer_groups() + 1); }
+
+  constexpr int64_t tile_bytes(int rows) const { return int64_t{rows} * head_dim * 2; }
+  constexpr int64_t ring_bytes() const { return 2 * stages * tile_bytes(block_n); }
+  // The two segment tables (a cover byte and a key segment id per key tile) and the mbarriers.
+  static constexpr int64_t table_bytes() { return 2 * kTmaTileTable * 5; }
+  static constexpr int64_t barrier_bytes() { return 256; }
+  static constexpr int64_t align_slack() { return 1024; }
+  constexpr int64_t bytes_without_o() const {
+    return tile_bytes(block_m) + ring_bytes() + table_bytes() + barrier_bytes() + align_slack();
+  }
+  // The output tile goes through shared memory to a TMA store: its own buffer when that fits,
+  // else written over Q (each warpgroup's rows are its own, and the next Q then waits for the
+  // store).
+  constexpr bool o_aliases_q() const {
+    return bytes_without_o() + tile_bytes(block_m) > kSm90SmemPerBlock;
+  }
+  constexpr int64_t smem_bytes() const {
+    return bytes_without_o() + (o_aliases_q() ? 0 : tile_bytes(block_m));
+  }
+
+  // setmaxnreg: the producer keeps few registers, the consumers take the rest; the launch gives
+  // every thread launch_registers() (the kernel's register count under __launch_bounds__).
+  constexpr int launch_registers() const {
+    return (kSm90RegistersPerSm / threads()) / 8 * 8 > 255
+               ? 248
+               : (kSm90RegistersPerSm / threads()) / 8 * 8;
+  }
+  constexpr int producer_registers() const { return consumer_groups() == 2 ? 56 : 32; }
+  constexpr int consumer_registers() const {
+    return ((launch_registers() * threads() - 128 * producer_registers()) /
+            (128 * consumer_groups())) /
+           8 * 8;
+  }
+
+  constexpr bool operator==(const TmaForwardPlan& o) const {
+    return head_dim == o.head_dim && block_m == o.block_m && block_n == o.block_n &&
+           stages == o.stages && pingpong == o.pingpong;
+  }
+};
+
+// Every plan of the family; the first of each head dim that is compiled by default is the one
+// the sm90 default table starts from (kernel_config.cpp). FlashAttention-3 runs 128x128 tiles
+// at head dim 128 causal and 128x80 at 256; the sweep decides ours (docs/SWEEP.md).
+// {head_dim, block_m, block_n, stages, pingpong, compiled_by_default}
+inline constexpr TmaForwardPlan kTmaForwardPlans[] = {
+    {64, 128, 128, 2, true, true},  {64, 128, 64, 2, true, true},
+    {64, 128, 128, 3, true, false}, {64, 128, 128, 2, false, false},
+    {64, 192, 64, 2, true, false},  {128, 128, 128, 2, true, true},
+    {128, 128, 64, 2, true, true},  {128, 128, 128, 2, false, false},
+    {128, 128, 64, 3, true, false}, {128, 192, 64, 2, true, false},
+    {256, 128, 64, 2, true, true},  {256, 128, 64, 2, false, false},
+};
+inline constexpr int kTmaForwardPlanCount =
+    static_cast<int>(sizeof(kTmaForwardPlans) / sizeof(kTmaForwardPlans[0]));
+
+// Why a plan cannot be built, or nullptr: the rules the kernel template also asserts.
+constexpr const char* tma_plan_defect(const TmaForwardPlan& p) {
+  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return "head dim 64, 128 or 256";
+  if (p.block_m != 128 && p.block_m != 192) return "two or three consumer warpgroups";
+  if (p.block_n != 64 && p.block_n != 128) return "key tiles of 64 or 128";
+  if (p.stages < 1 || p.stages > 4) return "1 to 4 stages";
+  if (p.smem_bytes() > kSm90SmemPerBlock) return "shared memory over sm90's limit";
+  if (p.consumer_registers() > 256) return "more than 256 registers per consumer thread";
+  // S (block_n / 2 floats), P (block_n / 4 words) and O (head_dim / 2 floats) live at once.
+  if (p.block_n / 2 + p.block_n / 4 + p.head_dim / 2 + 40 > p.consumer_registers()) {
+    return "accumulators exceed the consumer registers";
+  }
+  return nullptr;
+}
+
+constexpr bool all_tma_plans_valid() {
+  for (const TmaForwardPlan& p : kTmaForwardPlans) {
+    if (tma_plan_defect(p) != nullptr) return false;
+  }
+  return true;
+}
+static_assert(all_tma_plans_valid(), "a TMA forward plan breaks a kernel rule (tma_plan_defect)");
+
+constexpr bool tma_plans_distinct() {
+  for (int i = 0; i < kTmaForwardPlanCount; ++i) {
+    for (int j = i + 1; j < kTmaForwardPlanCount; ++j) {
+      if (kTmaForwardPlans[i] == kTmaForwardPlans[j]) return false;
+    }
+  }
+  return true;
+}
+static_assert(tma_plans_distinct(), "a TMA forward plan is listed twice");
+
+// Whether this build compiles plan `p` (the default set, or every plan for the sweep build).
+// Only the files that FLASHTRAIN_SWEEP_KERNELS reaches call it (CMakeLists.txt: the kernel
+// instantiations and kernel_config.cpp); everything else asks compiled_kernels().
+constexpr bool tma_plan_compiled(const TmaForwardPlan& p) {
+#ifdef FLASHTRAIN_SWEEP_KERNELS
+  return p.head_dim > 0;
+#else
+  return p.compiled_by_default;
+#endif
+}
+
+}  // namespace ft::attention
