@@ -64,9 +64,9 @@ void add_sweep_command(CLI::App& app) {
                   "documents per row of the first mask (segment ids); 0 = none")
       ->capture_default_str();
   sub->add_option("--sweep", o.axis,
-                  "which axis varies: forward (every forward tile of the mma and wgmma paths, "
-                  "backward fixed), backward (every backward tile of the path, forward fixed) or "
-                  "both")
+                  "which axis varies: forward (every forward tile of the mma and wgmma paths and "
+                  "every tma plan of the head dim, backward fixed), backward (every backward tile "
+                  "of the path, forward fixed) or both")
       ->capture_default_str();
   sub->add_option("--backward-path", o.backward_path,
                   "backward path of the candidates: single, double or wgmma (default: the base "

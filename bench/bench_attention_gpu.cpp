@@ -15,11 +15,12 @@
 // configuration cannot run (can_implement) gets a row with the reason instead of timings.
 //
 // Method (DESIGN.md): CUDA events on ft::cuda::current_stream() around every call, after
-// --warmup calls; median, min and max of --iters calls. Inputs rotate through enough copies that
-// together they exceed 4x the L2 cache. Before the timed calls the stream is given a queue of
-// memsets long enough to cover the host's work for all of them, so that the host's per-call
-// checks and allocations overlap kernels instead of showing up as idle time between events.
-// FLOPs = 4 * attended pairs * D forward (Problem::attended_pairs), 2.5x that backward.
+// --warmup calls and at least --warmup-ms of them; median, min and max of --iters calls. Inputs
+// rotate through enough copies that together they exceed 4x the L2 cache. Before the timed calls
+// the stream is given a queue of memsets long enough to cover the host's work for all of them, so
+// that the host's per-call checks and allocations overlap kernels instead of showing up as idle
+// time between events. FLOPs = 4 * attended pairs * D forward (Problem::attended_pairs), 2.5x that
+// backward.
 //
 // Output: one JSON line per (case, impl, direction) on stdout, after one "meta" line naming the
 // GPU; progress and refusals on stderr.
@@ -63,8 +64,10 @@ struct Options {
   int64_t batch = -1, seq_len = -1, q_heads = -1, kv_heads = -1, head_dim = -1, window = -1,
           docs = -1;
   std::string dtype = "bf16";
+  std::string dirs = "both";         // fwd, bwd or both
   std::vector<std::string> configs;  // none: default_config() of the device for the case
   int warmup = 5, iters = 20, max_sets = 64;
+  double warmup_ms = 300.0;    // and keep warming up until this much time has passed
   double naive_max_gib = 2.0;  // auto runs naive when one set's probabilities fit in this
 };
 
@@ -191,7 +194,9 @@ double host_now_ms() {
       .count();
 }
 
-// Calls call(0 .. warmup-1) untimed, then call(0 .. iters-1) each between two events.
+// Calls call(0 .. warmup-1) untimed, and more until --warmup-ms have passed (the GPU's clocks
+// settle under a sustained load: a short warm-up times a cold or a boosted card), then
+// call(0 .. iters-1) each between two events.
 Stats time_calls(const std::function<void(int)>& call, const Options& opt, QueueAhead& queue) {
   double host_ms = 1.0;  // per call; measured below when there are calls to spare
   if (opt.warmup > 0) {
@@ -200,6 +205,11 @@ Stats time_calls(const std::function<void(int)>& call, const Options& opt, Queue
     const double t0 = host_now_ms();
     for (int w = 1; w < opt.warmup; ++w) call(w);
     if (opt.warmup > 1) host_ms = (host_now_ms() - t0) / (opt.warmup - 1);
+    cuda::synchronize();
+    for (int w = opt.warmup; host_now_ms() - t0 < opt.warmup_ms; ++w) {
+      call(w);
+      if (w % 8 == 0) cuda::synchronize();  // a bounded queue, and the clock is the GPU's
+    }
     cuda::synchronize();
   }
   cuda::EventTimer timer(opt.iters);
@@ -319,6 +329,7 @@ void run_impl(const CaseSpec& c, const Problem& p, Impl impl, const std::string&
   const int n = static_cast<int>(sets.size());
   std::vector<ForwardOutput> saved;
   for (const char* dir : {"fwd", "bwd"}) {
+    if (ctx.opt.dirs != "both" && ctx.opt.dirs != dir) continue;
     json row = base_row(c, p, impl, dir, pairs, ctx);
     row["input_sets"] = n;
     if (config) row["config"] = config_text;
@@ -490,12 +501,18 @@ int main(int argc, char** argv) {
   app.add_option("--window", opt.window, "sliding window, 0 = none (default: the case's)");
   app.add_option("--docs", opt.docs, "documents per row, 0 = no segment ids (default: the case's)");
   app.add_option("--dtype", opt.dtype, "bf16 or fp32")->capture_default_str();
+  app.add_option("--dir", opt.dirs, "directions to time: fwd, bwd or both")
+      ->check(CLI::IsMember({"fwd", "bwd", "both"}))
+      ->capture_default_str();
   app.add_option("--config", opt.configs,
                  "flash kernel config, e.g. \"fwd=128x128/384/tma/s2/pp bwd=64x128/256/wgmma\" "
                  "(parts left out keep the device default); repeat it, or separate with ';', to "
                  "time several (the first is 'ours' in the table)")
       ->delimiter(';');
   app.add_option("--warmup", opt.warmup, "untimed calls first")->capture_default_str();
+  app.add_option("--warmup-ms", opt.warmup_ms,
+                 "and untimed calls until this many milliseconds have passed (settled clocks)")
+      ->capture_default_str();
   app.add_option("--iters", opt.iters, "timed calls (median, min, max)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

@@ -11,10 +11,11 @@ Measures, per case, forward and backward separately:
       says "kv expanded".
   flex  FlexAttention compiled with torch.compile, a create_block_mask() block mask from a
       mask_mod for causal + window + same document; every case.
-Method: CUDA events around every call after --warmup calls, median/min/max of --iters; inputs
-rotated through enough copies to exceed 4x L2; a queue of fills ahead of the timed calls so that
-host overhead overlaps kernels (see the C++ side). Backward is torch.autograd.grad(out, (q, k, v),
-dout, retain_graph=True) on one forward's graph per input copy. FLOPs: 4 * attended pairs * D
+Method: CUDA events around every call after --warmup calls (and at least --warmup-ms of them),
+median/min/max of --iters; inputs rotated through enough copies to exceed 4x L2; a queue of
+fills ahead of the timed calls so that host overhead overlaps kernels (see the C++ side).
+Backward is torch.autograd.grad(out, (q, k, v), dout, retain_graph=True) on one forward's graph
+per input copy. FLOPs: 4 * attended pairs * D
 forward, 2.5x backward, pairs counted exactly by evaluating the mask over every (query, key).
 q, k, v, dout are [B, S, H, D] in memory (as flashtrain's), handed over as [B, H, S, D] views;
 --layout bhsd makes them contiguous [B, H, S, D] instead. A backend that fails gives a row with
@@ -176,6 +177,14 @@ def time_calls(call, args, device, queue, prepare=None):
             call(w, run(w))
         if args.warmup > 1:
             host_ms = (time.perf_counter() - t0) * 1e3 / (args.warmup - 1)
+        synchronize(device)
+        # and on until --warmup-ms have passed: the GPU's clocks settle under a sustained load
+        w = args.warmup
+        while (time.perf_counter() - t0) * 1e3 < args.warmup_ms:
+            call(w, run(w))
+            if w % 8 == 0:
+                synchronize(device)
+            w += 1
         synchronize(device)
     timer = Timer(device, args.iters)
     queue.enqueue(1.25 * host_ms * args.iters + 0.2)
@@ -418,6 +427,8 @@ def parse_args(argv=None):
     ap.add_argument("--docs", type=int, help="documents per row, 0 = no documents")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--warmup-ms", type=float, default=300.0,
+                    help="keep warming up until this many milliseconds have passed")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--max-sets", type=int, default=64)
     ap.add_argument("--layout", default="bshd", choices=["bshd", "bhsd"],

@@ -9,9 +9,13 @@
 #     scripts/gpu_profile.sh
 #   SECTIONS='--section SpeedOfLight --section WarpStateStats' scripts/gpu_profile.sh   # lighter
 #
+#   KERNELS=forward KERNEL_REGEX=tma_forward_kernel CONFIG='fwd=128x128/384/tma/s2/pp' \
+#     scripts/gpu_profile.sh                              # the tma forward
+#
 # KERNELS: forward and/or backward (matched as wgmma_<kernel>_kernel, or set KERNEL_REGEX);
 # CASE, BATCH (default 4), CONFIG: passed to bench_attention_gpu; SECTIONS: ncu's sections
-# (default: --set full with source counters).
+# (default: --set full with source counters); NCU_ARGS (default --clock-control none: the
+# clocks as the card runs them, not locked to base).
 set -uo pipefail
 out="${OUT:-gpu-out}/profile"
 mkdir -p "$out"
@@ -22,7 +26,8 @@ status=0
 for k in ${KERNELS:-forward backward}; do
   regex="${KERNEL_REGEX:-wgmma_${k}_kernel}"
   # shellcheck disable=SC2086
-  ncu ${SECTIONS:---set full --import-source yes} -k "regex:$regex" -c 1 -f -o "$out/$k" \
+  ncu ${NCU_ARGS:---clock-control none} ${SECTIONS:---set full --import-source yes} \
+    -k "regex:$regex" -c 1 -f -o "$out/$k" \
     build-gpu/carry/bench_attention_gpu --case "${CASE:-hero-causal}" --batch "${BATCH:-4}" \
     --impl flash --config "${CONFIG:-fwd=128x128/256/wgmma bwd=64x128/256/wgmma}" \
     --warmup 0 --iters 1 >"$out/${k}_run.log" 2>&1 || { echo "ncu $k failed"; status=1; continue; }

@@ -533,17 +533,18 @@ struct DefaultRow {
 };
 
 // Rows are searched in order: the first of the family whose head-dim bound and mask class fit.
-// sm90: the tma forward (head dims 64, 128, 256; PERF.md "The tma forward") with the wgmma
-// backward (64, 128; head dim 256 has no backward kernel). The wgmma rows before it, measured with
-// bench/attention_gpu.sh on an H200 (docs/PERF.md, 2026-11-30): at B=32 S=4096 Hq=16 Hkv=4 D=128
-// causal the 128-row forward and the 128-key backward (6.16 / 16.9 ms; 64-row tiles 6.43 / 19.7
-// ms); with a window of 512 and 5 documents the 64x64 tiles (2.14 / 6.05 ms; 128-row tiles 3.42
-// / 6.58 ms, a 64x128 forward 3.14 ms); at the GPT-2 shape (D=64 causal) a 64x128 forward and the
-// 64x64 backward (0.070 / 0.196 ms; 64x64 forward 0.075 ms, 128-row tiles 0.089 / 0.252 ms). Head
-// dim 32 keeps the mma.sync rows, the fastest correct of `flashtrain sweep --all-paths` before the
+// sm90, measured on an H200 with bench/attention_gpu.sh and `flashtrain sweep --sweep forward`
+// (docs/PERF.md, "The tma forward", 2026-12-01): dense masks run the tma forward, 128x128 with
+// two ring stages and turns: at B=32 S=4096 Hq=16 Hkv=4 D=128 causal 3.8-3.9 ms (the wgmma
+// 128x128 forward 6.17 ms), at the GPT-2 shape (D=64) 0.061 ms (wgmma 64x128: 0.069 ms); head
+// dim 256 has only the tma forward (128x64, the largest that fits) and no backward kernel. With
+// a window or segment ids (many short work tiles) the wgmma 64x64 forward stays faster (1.88 ms
+// against 2.03 ms for the best tma plan at window 512 + 5 documents). The backward is the wgmma
+// path's: the 128-key tile at D=128 dense, 64x64 otherwise (PERF.md, the wgmma path). Head dim
+// 32 keeps the mma.sync rows, the fastest correct of `flashtrain sweep --all-paths` before the
 // wgmma path (docs/SWEEP.md). sm100 takes sm90's mma.sync rows unmeasured (wgmma is sm90 only),
-// sm80 the same tiles (they fit its shared memory); sm86/89 and sm120 (99 KB per block) the small
-// tiles with the single-stage backward.
+// sm80 the same tiles (they fit its shared memory); sm86/89 and sm120 (99 KB per block) the
+// small tiles with the single-stage backward.
 constexpr DefaultRow kDefaults[] = {
     {"sm80", 256, MaskClass::dense, "fwd=128x64/128 bwd=64x128/256/double"},
     {"sm80", 256, MaskClass::local, "fwd=64x64/128 bwd=64x64/128/double"},
@@ -554,7 +555,7 @@ constexpr DefaultRow kDefaults[] = {
     {"sm90", 64, MaskClass::dense, "fwd=128x128/384/tma/s2/pp bwd=64x64/128/wgmma"},
     {"sm90", 128, MaskClass::dense, "fwd=128x128/384/tma/s2/pp bwd=64x128/256/wgmma"},
     {"sm90", 256, MaskClass::dense, "fwd=128x64/384/tma/s2/pp bwd=64x128/256/wgmma"},
-    {"sm90", 128, MaskClass::local, "fwd=128x64/384/tma/s2/pp bwd=64x64/128/wgmma"},
+    {"sm90", 128, MaskClass::local, "fwd=64x64/128/wgmma bwd=64x64/128/wgmma"},
     {"sm90", 256, MaskClass::local, "fwd=128x64/384/tma/s2/pp bwd=64x64/128/wgmma"},
     {"sm100", 256, MaskClass::dense, "fwd=128x64/128 bwd=64x128/256/double"},
     {"sm100", 256, MaskClass::local, "fwd=64x64/128 bwd=64x64/128/double"},

@@ -5,7 +5,9 @@
 // the kernel can hold (shared memory, registers, warpgroup layout).
 //
 // A block is one producer warpgroup (one warp issues the copies) and block_m / 64 consumer
-// warpgroups, 64 query rows each. K and V stream through a ring of `stages` slots of block_n
+// warpgroups, 64 query rows each. Q comes through a ring of two slots when they fit (the next
+// work tile's Q loads during this one), else one; the output tile is written over its own Q
+// slot and leaves by TMA stores. K and V stream through a ring of `stages` slots of block_n
 // keys. With `pingpong` the consumer warpgroups take turns issuing their products, so that one
 // group's softmax runs while another's products use the tensor cores.
 #pragma once
@@ -41,18 +43,12 @@ struct TmaForwardPlan {
   static constexpr int64_t table_bytes() { return 2 * kTmaTileTable * 5; }
   static constexpr int64_t barrier_bytes() { return 256; }
   static constexpr int64_t align_slack() { return 1024; }
-  constexpr int64_t bytes_without_o() const {
-    return tile_bytes(block_m) + ring_bytes() + table_bytes() + barrier_bytes() + align_slack();
+  constexpr int64_t bytes_with_q_slots(int slots) const {
+    return slots * tile_bytes(block_m) + ring_bytes() + table_bytes() + barrier_bytes() +
+           align_slack();
   }
-  // The output tile goes through shared memory to a TMA store: its own buffer when that fits,
-  // else written over Q (each warpgroup's rows are its own, and the next Q then waits for the
-  // store).
-  constexpr bool o_aliases_q() const {
-    return bytes_without_o() + tile_bytes(block_m) > kSm90SmemPerBlock;
-  }
-  constexpr int64_t smem_bytes() const {
-    return bytes_without_o() + (o_aliases_q() ? 0 : tile_bytes(block_m));
-  }
+  constexpr int q_slots() const { return bytes_with_q_slots(2) <= kSm90SmemPerBlock ? 2 : 1; }
+  constexpr int64_t smem_bytes() const { return bytes_with_q_slots(q_slots()); }
 
   // setmaxnreg: the producer keeps few registers, the consumers take the rest; the launch gives
   // every thread launch_registers() (the kernel's register count under __launch_bounds__).
@@ -74,17 +70,18 @@ struct TmaForwardPlan {
   }
 };
 
-// Every plan of the family; the first of each head dim that is compiled by default is the one
-// the sm90 default table starts from (kernel_config.cpp). FlashAttention-3 runs 128x128 tiles
-// at head dim 128 causal and 128x80 at 256; the sweep decides ours (docs/SWEEP.md).
+// Every plan of the family. FlashAttention-3 runs 192x128 tiles (three consumer warpgroups) at
+// head dim 64, 128x128 at 128 and 128x80 at 256; the sweep decides ours (docs/SWEEP.md) and the
+// sm90 rows of the default table (kernel_config.cpp) name the winners.
 // {head_dim, block_m, block_n, stages, pingpong, compiled_by_default}
 inline constexpr TmaForwardPlan kTmaForwardPlans[] = {
-    {64, 128, 128, 2, true, true},  {64, 128, 64, 2, true, true},
-    {64, 128, 128, 3, true, false}, {64, 128, 128, 2, false, false},
-    {64, 192, 64, 2, true, false},  {128, 128, 128, 2, true, true},
-    {128, 128, 64, 2, true, true},  {128, 128, 128, 2, false, false},
-    {128, 128, 64, 3, true, false}, {128, 192, 64, 2, true, false},
-    {256, 128, 64, 2, true, true},  {256, 128, 64, 2, false, false},
+    {64, 128, 128, 2, true, true},    {64, 128, 64, 2, true, false},
+    {64, 128, 128, 3, true, false},   {64, 128, 128, 2, false, false},
+    {64, 192, 128, 2, true, true},    {64, 192, 64, 2, true, false},
+    {128, 128, 128, 2, true, true},   {128, 128, 64, 2, true, false},
+    {128, 128, 128, 2, false, false}, {128, 128, 64, 3, true, false},
+    {128, 192, 64, 2, true, false},   {256, 128, 64, 2, true, true},
+    {256, 128, 64, 2, false, false},
 };
 inline constexpr int kTmaForwardPlanCount =
     static_cast<int>(sizeof(kTmaForwardPlans) / sizeof(kTmaForwardPlans[0]));
@@ -97,8 +94,9 @@ constexpr const char* tma_plan_defect(const TmaForwardPlan& p) {
   if (p.stages < 1 || p.stages > 4) return "1 to 4 stages";
   if (p.smem_bytes() > kSm90SmemPerBlock) return "shared memory over sm90's limit";
   if (p.consumer_registers() > 256) return "more than 256 registers per consumer thread";
-  // S (block_n / 2 floats), P (block_n / 4 words) and O (head_dim / 2 floats) live at once.
-  if (p.block_n / 2 + p.block_n / 4 + p.head_dim / 2 + 40 > p.consumer_registers()) {
+  // S (block_n / 2 floats), P (block_n / 4 words) and O (head_dim / 2 floats) live at once,
+  // with about 32 registers of addresses, row state and loop counters.
+  if (p.block_n / 2 + p.block_n / 4 + p.head_dim / 2 + 32 > p.consumer_registers()) {
     return "accumulators exceed the consumer registers";
   }
   return nullptr;

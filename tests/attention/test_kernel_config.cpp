@@ -279,7 +279,9 @@ TEST(KernelConfig, DefaultsDependOnTheMaskClass) {
       << "head dim 32 has no wgmma kernels";
   p.mask.window = 512;
   EXPECT_EQ(mask_class_of(p.mask), MaskClass::local);
-  EXPECT_EQ(default_config(sm90, p).str(), "fwd=128x64/384/tma/s2/pp bwd=64x64/128/wgmma");
+  EXPECT_EQ(default_config(sm90, p).str(), "fwd=64x64/128/wgmma bwd=64x64/128/wgmma");
+  EXPECT_EQ(default_config(sm90, 256, MaskClass::local).str(),
+            "fwd=128x64/384/tma/s2/pp bwd=64x64/128/wgmma");
   p.mask.window = 0;
   p.mask.has_segments = true;
   EXPECT_EQ(default_config(sm90, p), default_config(sm90, 128, MaskClass::local));

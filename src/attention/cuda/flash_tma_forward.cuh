@@ -14,8 +14,11 @@
 // the tensor cores. Between consumers (`pingpong`) a named barrier passes the turn to issue
 // products around, so one group's softmax runs while the others' products fill the tensor cores.
 // Ring slots are released per warp as soon as the products that read them are done.
-// The output goes through shared memory (a buffer of its own, or each group's rows of Q when
-// shared memory is short) to TMA stores; lse is written by the threads.
+// Q comes through a ring of two slots where shared memory allows (the next work tile's Q loads
+// while this one runs); each group writes its output over its own rows of the tile's Q slot
+// (once its last product has read them) and TMA stores it from there; lse is written by the
+// threads; the slot is released once the store has read it (with two slots, not before the
+// next work tile's first products are issued, so the store's latency stays off the path).
 //
 // Masks: without segment ids causal and window bound a contiguous range of key tiles and each
 // tile's cover follows from positions; with segment ids the producer classifies the work tile's
@@ -90,34 +93,34 @@ struct TmaForwardArgs {
 template <int PLAN>
 struct Smem {
   static constexpr TmaForwardPlan P = kTmaForwardPlans[PLAN];
+  static constexpr int kQSlots = P.q_slots();
   static constexpr int64_t kQ = 0;
-  static constexpr int64_t kK = kQ + P.tile_bytes(P.block_m);
+  static constexpr int64_t kK = kQ + kQSlots * P.tile_bytes(P.block_m);
   static constexpr int64_t kV = kK + P.stages * P.tile_bytes(P.block_n);
-  static constexpr int64_t kRingEnd = kV + P.stages * P.tile_bytes(P.block_n);
-  static constexpr int64_t kO = P.o_aliases_q() ? kQ : kRingEnd;
-  static constexpr int64_t kTable = P.o_aliases_q() ? kRingEnd : kO + P.tile_bytes(P.block_m);
+  static constexpr int64_t kTable = kV + P.stages * P.tile_bytes(P.block_n);
   static constexpr int64_t kBarriers = kTable + TmaForwardPlan::table_bytes();
+  static constexpr int kBarrierCount = 2 * kQSlots + 4 * P.stages;
   static_assert(kBarriers + TmaForwardPlan::barrier_bytes() + TmaForwardPlan::align_slack() ==
                     P.smem_bytes(),
                 "the kernel's layout is the plan's byte count");
-  static_assert(kK % 1024 == 0 && kV % 1024 == 0 && kO % 1024 == 0, "panels on 1024 bytes");
-  static_assert(kBarriers % 8 == 0 && (1 + 4 * P.stages) * 8 <= TmaForwardPlan::barrier_bytes(),
+  static_assert(kK % 1024 == 0 && kV % 1024 == 0, "panels on 1024 bytes");
+  static_assert(kBarriers % 8 == 0 && kBarrierCount * 8 <= TmaForwardPlan::barrier_bytes(),
                 "barriers fit");
+  // Between the output's 64-column panels (elements): it lies in its Q slot's panels.
+  static constexpr int kOPanelStride = P.block_m * kPanel;
 
   unsigned char* base;
-  __device__ __nv_bfloat16* q() const { return reinterpret_cast<__nv_bfloat16*>(base + kQ); }
+  __device__ __nv_bfloat16* q(int slot) const {
+    return reinterpret_cast<__nv_bfloat16*>(base + kQ + slot * P.tile_bytes(P.block_m));
+  }
   __device__ __nv_bfloat16* k(int slot) const {
     return reinterpret_cast<__nv_bfloat16*>(base + kK + slot * P.tile_bytes(P.block_n));
   }
   __device__ __nv_bfloat16* v(int slot) const {
     return reinterpret_cast<__nv_bfloat16*>(base + kV + slot * P.tile_bytes(P.block_n));
   }
-  // Group g's 64 output rows and the distance between their 64-column panels (elements).
-  __device__ __nv_bfloat16* o(int g) const {
-    auto* t = reinterpret_cast<__nv_bfloat16*>(base + kO);
-    return P.o_aliases_q() ? t + g * 64 * kPanel : t + g * 64 * P.head_dim;
-  }
-  static constexpr int kOPanelStride = P.o_aliases_q() ? P.block_m * kPanel : 64 * kPanel;
+  // Group g's 64 output rows: its rows of Q slot `slot`.
+  __device__ __nv_bfloat16* o(int slot, int g) const { return q(slot) + g * 64 * kPanel; }
   // The segment tables of work tiles with even and odd local index.
   __device__ int* table_ids(int parity) const {
     return reinterpret_cast<int*>(base + kTable) + parity * kTmaTileTable;
@@ -129,22 +132,22 @@ struct Smem {
   __device__ uint64_t* barrier(int i) const {
     return reinterpret_cast<uint64_t*>(base + kBarriers) + i;
   }
-  __device__ uint64_t* q_full() const { return barrier(0); }
-  __device__ uint64_t* k_full(int s) const { return barrier(1 + s); }
-  __device__ uint64_t* v_full(int s) const { return barrier(1 + P.stages + s); }
-  __device__ uint64_t* k_empty(int s) const { return barrier(1 + 2 * P.stages + s); }
-  __device__ uint64_t* v_empty(int s) const { return barrier(1 + 3 * P.stages + s); }
+  __device__ uint64_t* q_full(int s) const { return barrier(s); }
+  __device__ uint64_t* q_empty(int s) const { return barrier(kQSlots + s); }
+  __device__ uint64_t* k_full(int s) const { return barrier(2 * kQSlots + s); }
+  __device__ uint64_t* v_full(int s) const { return barrier(2 * kQSlots + P.stages + s); }
+  __device__ uint64_t* k_empty(int s) const { return barrier(2 * kQSlots + 2 * P.stages + s); }
+  __device__ uint64_t* v_empty(int s) const { return barrier(2 * kQSlots + 3 * P.stages + s); }
 };
 
-// Named barriers: the producer waits for Q's buffer to be free; consumer g waits for its turn
-// to issue products (pingpong); each group syncs its own epilogue.
-constexpr int kQEmptyBarrier = 1;
+// Named barriers: consumer g waits for its turn to issue products (pingpong); each group syncs
+// its own epilogue.
 __device__ __forceinline__ constexpr int turn_barrier(int g) {
-  return 2 + g;
+  return 1 + g;
 }
 template <int GROUPS>
 __device__ __forceinline__ constexpr int epilogue_barrier(int g) {
-  return 2 + GROUPS + g;
+  return 1 + GROUPS + g;
 }
 
 // ---- key tiles of a work tile and their covers ----
@@ -159,8 +162,10 @@ struct KeyTiles {
   int* ids;  // the table (SEG and short enough), else null
   int8_t* covers;
 
+  // The producer (`classifies`) needs the query block's segment span; a consumer only when
+  // there is no table (its summaries are global loads, better kept off the consumers' path).
   __device__ KeyTiles(const FlashParams& params, const WorkTile& w, int* table_ids,
-                      int8_t* table_covers)
+                      int8_t* table_covers, bool classifies)
       : p(params) {
     const int S = p.seq_len;
     q0 = w.q_block * BM;
@@ -169,10 +174,27 @@ struct KeyTiles {
     begin = keys.x / BN;
     end = (keys.y + BN - 1) / BN;
     chunk_row = SEG ? p.segment_chunks + int64_t{w.batch} * p.chunks_per_row() : nullptr;
-    q_span = SEG ? combine_chunks(chunk_row, q0, q1) : SegmentChunk{0, 0, 0, 0};
     const bool table = SEG && end - begin <= kTmaTileTable;
     ids = table ? table_ids : nullptr;
     covers = table ? table_covers : nullptr;
+    q_span = SEG && (classifies || !table) ? span_of<BM>(q0, q1) : SegmentChunk{0, 0, 0, 0};
+  }
+
+  // The segment chunks of [begin, end) (at most ROWS positions from a multiple of 16), combined:
+  // a fixed number of independent loads, all in flight at once.
+  template <int ROWS>
+  __device__ SegmentChunk span_of(int first, int last) const {
+    SegmentChunk out{0x7fffffff, -1, 0, 0};
+#pragma unroll
+    for (int c = 0; c < ROWS / kSegmentChunk; ++c) {
+      if (first + c * kSegmentChunk < last) {
+        const SegmentChunk x = chunk_row[first / kSegmentChunk + c];
+        out.lowest = min(out.lowest, x.lowest);
+        out.highest = max(out.highest, x.highest);
+        out.has_padding |= x.has_padding;
+      }
+    }
+    return out;
   }
 
   // The producer's warp fills the table (one tile per lane at a time).
@@ -180,7 +202,7 @@ struct KeyTiles {
     if (covers == nullptr) return;
     for (int t = lane; t < end - begin; t += 32) {
       const int k0 = (begin + t) * BN, k1 = min(k0 + BN, p.seq_len);
-      const SegmentChunk k_span = combine_chunks(chunk_row, k0, k1);
+      const SegmentChunk k_span = span_of<BN>(k0, k1);
       covers[t] = static_cast<int8_t>(classify_spans(p, true, q_span, k_span, q0, q1, k0, k1));
       ids[t] = k_span.lowest == k_span.highest && !k_span.has_padding ? k_span.lowest : -1;
     }
@@ -222,11 +244,13 @@ __device__ __forceinline__ void produce(const TmaForwardArgs& a, const Smem<PLAN
     tma_prefetch_map(&a.v);
     tma_prefetch_map(&a.o);
   }
-  RingPosition<P.stages> ring;
+  RingPosition<Smem<PLAN>::kQSlots> q_ring;
+  RingPosition<P.stages> kv_ring;
+  // One K or V tile into the current ring slot, once the consumers have released it.
   auto load_kv = [&](const CUtensorMap* map, __nv_bfloat16* slot, uint64_t* full, uint64_t* empty,
                      int kb, const WorkTile& w) {
     if (lane != 0) return;
-    mbar_wait(empty, ring.parity ^ 1);
+    mbar_wait(empty, kv_ring.parity ^ 1);
     mbar_arrive_expect_bytes(full, kKvBytes);
     const int hk = w.head / a.p.group();
 #pragma unroll
@@ -238,37 +262,33 @@ __device__ __forceinline__ void produce(const TmaForwardArgs& a, const Smem<PLAN
   int local = 0;
   for (int t = blockIdx.x; t < a.order.count(); t += gridDim.x, ++local) {
     const WorkTile w = a.order.at(t);
+    // The Q slot is free once the work tile that used it has stored its output from it (with
+    // two slots: the one before last, so its segment table is free too).
+    if (lane == 0) mbar_wait(s.q_empty(q_ring.slot), q_ring.parity ^ 1);
+    __syncwarp();
     KeyTiles<P.block_m, P.block_n, SEG> tiles(a.p, w, s.table_ids(local & 1),
-                                              s.table_covers(local & 1));
+                                              s.table_covers(local & 1), true);
     tiles.classify_all(lane);
     __syncwarp();
-    int kb = tiles.next_visible(tiles.begin);
-    // K of the first tile goes out before waiting for Q's buffer: it overlaps the consumers'
-    // last product and epilogue of the previous work tile.
-    if (kb < tiles.end) {
-      load_kv(&a.k, s.k(ring.slot), s.k_full(ring.slot), s.k_empty(ring.slot), kb, w);
-    }
-    __syncwarp();
-    named_sync(kQEmptyBarrier, 128 * P.consumer_groups() + 32);
     // Every lane arrives (its table entries are then visible to the consumers); lane 0 also
     // announces Q's bytes.
+    uint64_t* q_full = s.q_full(q_ring.slot);
     if (lane == 0) {
-      mbar_arrive_expect_bytes(s.q_full(), kQBytes);
+      mbar_arrive_expect_bytes(q_full, kQBytes);
 #pragma unroll
       for (int panel = 0; panel < kPanels; ++panel) {
-        tma_load(s.q() + panel * P.block_m * kPanel, &a.q, s.q_full(), panel * kPanel, w.head,
-                 tiles.q0, w.batch);
+        tma_load(s.q(q_ring.slot) + panel * P.block_m * kPanel, &a.q, q_full, panel * kPanel,
+                 w.head, tiles.q0, w.batch);
       }
     } else {
-      mbar_arrive(s.q_full());
+      mbar_arrive(q_full);
     }
-    if (kb >= tiles.end) continue;
-    load_kv(&a.v, s.v(ring.slot), s.v_full(ring.slot), s.v_empty(ring.slot), kb, w);
-    ring.advance();
-    for (kb = tiles.next_visible(kb + 1); kb < tiles.end; kb = tiles.next_visible(kb + 1)) {
-      load_kv(&a.k, s.k(ring.slot), s.k_full(ring.slot), s.k_empty(ring.slot), kb, w);
-      load_kv(&a.v, s.v(ring.slot), s.v_full(ring.slot), s.v_empty(ring.slot), kb, w);
-      ring.advance();
+    q_ring.advance();
+    for (int kb = tiles.next_visible(tiles.begin); kb < tiles.end;
+         kb = tiles.next_visible(kb + 1)) {
+      load_kv(&a.k, s.k(kv_ring.slot), s.k_full(kv_ring.slot), s.k_empty(kv_ring.slot), kb, w);
+      load_kv(&a.v, s.v(kv_ring.slot), s.v_full(kv_ring.slot), s.v_empty(kv_ring.slot), kb, w);
+      kv_ring.advance();
     }
   }
 }
@@ -298,24 +318,42 @@ __device__ __forceinline__ void mask_scores(float (&s)[NT * 4], const FlashParam
 // Online softmax of one key tile for this thread's two rows, base 2 with the scale folded into
 // the exponent: the new row maxima (of the scaled scores), alpha = the factor O is rescaled by,
 // P = exp2(s * scale_log2 - max) in place of the scores, and the running row sums. With a
-// negative scale the largest scaled score comes from the smallest raw one (and masked scores
-// are +inf).
+// positive scale the largest scaled score comes from the largest raw one; with a negative one
+// from the smallest (and masked scores are +inf). The two extremum loops are separate branches
+// on a warp-uniform flag, so a thread runs one of them, not both predicated.
 template <int NT>
 struct OnlineSoftmax {
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.0f, 0.0f};
 
+  static __device__ __forceinline__ float masked(bool positive_scale) {
+    return positive_scale ? -INFINITY : INFINITY;
+  }
   __device__ __forceinline__ void step(float (&s)[NT * 4], float scale_log2, bool positive_scale,
                                        float (&alpha)[2]) {
+    float ext[2];
+    if (positive_scale) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        ext[half] = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          ext[half] = fmaxf(ext[half], fmaxf(s[4 * nt + 2 * half], s[4 * nt + 2 * half + 1]));
+        }
+      }
+    } else {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        ext[half] = INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          ext[half] = fminf(ext[half], fminf(s[4 * nt + 2 * half], s[4 * nt + 2 * half + 1]));
+        }
+      }
+    }
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      float ext = positive_scale ? -INFINITY : INFINITY;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const float a = s[4 * nt + 2 * half], b = s[4 * nt + 2 * half + 1];
-        ext = positive_scale ? fmaxf(ext, fmaxf(a, b)) : fminf(ext, fminf(a, b));
-      }
-      const float mx = fmaxf(row_max[half], quad_max(ext * scale_log2));
+      const float mx = fmaxf(row_max[half], quad_max(ext[half] * scale_log2));
       const float offset = mx == -INFINITY ? 0.0f : mx;
       alpha[half] = fast_exp2(row_max[half] - offset);
       row_max[half] = mx;
@@ -345,21 +383,20 @@ __device__ __forceinline__ void rescale(float (&o)[DT * 4], const float (&alpha)
   }
 }
 
-// Epilogue of one consumer group: O / row sum to its 64 rows of the output buffer (bf16,
-// swizzled panels), one TMA store per panel, and lse by the threads.
-template <int PLAN, bool SEG>
-__device__ __forceinline__ void store_output(
-    const TmaForwardArgs& a, const Smem<PLAN>& s, int g, const WorkTile& w, int q0,
-    const float (&o)[kTmaForwardPlans[PLAN].head_dim / 2],
-    const OnlineSoftmax<kTmaForwardPlans[PLAN].block_n / 8>& sm) {
+// Epilogue of one consumer group: O / row sum (bf16, swizzled panels) over its own 64 rows of
+// the tile's Q slot (its products are done with them), one TMA store per panel, and lse by the
+// threads.
+template <int PLAN, int NT>
+__device__ __forceinline__ void store_output(const TmaForwardArgs& a, const Smem<PLAN>& s,
+                                             int q_slot, int g, const WorkTile& w, int q0,
+                                             const float (&o)[kTmaForwardPlans[PLAN].head_dim / 2],
+                                             const OnlineSoftmax<NT>& sm) {
   constexpr TmaForwardPlan P = kTmaForwardPlans[PLAN];
   constexpr int DT = P.head_dim / 8;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int S = a.p.seq_len;
   const int row0 = q0 + g * 64;  // this group's first row
-  __nv_bfloat16* out = s.o(g);
-  if (tid == 0) tma_store_wait_read();  // the previous work tile's stores have read the buffer
-  named_sync(epilogue_barrier<P.consumer_groups()>(g), 128);
+  __nv_bfloat16* out = s.o(q_slot, g);
   float* lse_row = a.p.lse + (int64_t{w.batch} * a.p.q_heads + w.head) * S;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -398,33 +435,46 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
   constexpr TmaForwardPlan P = kTmaForwardPlans[PLAN];
   constexpr int D = P.head_dim, BM = P.block_m, BN = P.block_n, NT = BN / 8, DT = D / 8;
   constexpr int kGroups = P.consumer_groups();
-  constexpr int kQEmptyThreads = 128 * kGroups + 32;
   constexpr uint32_t kSlotBytes = BN * D * 2;
+  constexpr uint32_t kQSlotBytes = BM * D * 2;
   const FlashParams& p = a.p;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int S = p.seq_len;
-  const bool positive_scale = p.scale_log2 > 0.0f;
-  const float masked = positive_scale ? -INFINITY : INFINITY;
   const int next_group = g + 1 == kGroups ? 0 : g + 1;
+  const bool positive_scale = p.scale_log2 > 0.0f;
 
-  // This group's Q rows (K-major, its 64 rows of each panel), the K slots (K-major) and the V
-  // slots (MN-major: the rows are the reduction).
-  const uint64_t q_desc = desc(smem_addr(s.q()) + g * 64 * kPanelRowBytes, 0);
+  // This group's Q rows (K-major, its 64 rows of each panel of slot 0), the K slots (K-major)
+  // and the V slots (MN-major: the rows are the reduction).
+  const uint64_t q_desc = desc(smem_addr(s.q(0)) + g * 64 * kPanelRowBytes, 0);
   const uint64_t k_desc = desc(smem_addr(s.k(0)), 0);
   const uint64_t v_desc = desc(smem_addr(s.v(0)), BN * kPanelRowBytes);
 
-  named_arrive(kQEmptyBarrier, kQEmptyThreads);  // Q's buffer is free for the first work tile
   if (P.pingpong && g == 0) named_arrive(turn_barrier(0), 256);  // group 0 takes the first turn
 
   auto release = [&](uint64_t* empty) {
     __syncwarp();
     if (lane == 0) mbar_arrive(empty);
   };
+  // A Q slot whose output store may still be reading it. The thread that issued the store
+  // releases it once the store has read it: with two slots lazily (in the next work tile,
+  // after its first products are issued, so that the store's latency stays off the path), with
+  // one at once (the next work tile's Q needs it).
+  int unreleased_slot = -1;
+  auto release_stored_slot = [&] {
+    if (unreleased_slot < 0) return;
+    if (tid == 0) {
+      tma_store_wait_read();
+      mbar_arrive(s.q_empty(unreleased_slot));
+    }
+    unreleased_slot = -1;
+  };
+  RingPosition<Smem<PLAN>::kQSlots> q_ring;
   RingPosition<P.stages> ring;
   int local = 0;
   for (int t = blockIdx.x; t < a.order.count(); t += gridDim.x, ++local) {
     const WorkTile w = a.order.at(t);
-    const KeyTiles<BM, BN, SEG> tiles(p, w, s.table_ids(local & 1), s.table_covers(local & 1));
+    const KeyTiles<BM, BN, SEG> tiles(p, w, s.table_ids(local & 1), s.table_covers(local & 1),
+                                      false);
     const int32_t* seg_row = SEG ? p.segment_ids + int64_t{w.batch} * S : nullptr;
     // This thread's two rows.
     const int rows[2] = {tiles.q0 + g * 64 + warp * 16 + lane / 4,
@@ -439,7 +489,12 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
     for (int i = 0; i < DT * 4; ++i) o[i] = 0.0f;
     OnlineSoftmax<NT> softmax;
     uint32_t pa[BN / 16][4];  // P of the previous key tile, waiting for its product with V
-    mbar_wait(s.q_full(), local & 1);
+    const int q_slot = q_ring.slot;
+    const uint64_t q_tile = advance(q_desc, q_slot * kQSlotBytes);
+    // This tile's Q goes into the slot of the tile before last: if that slot still waits for
+    // its store (the last tile had no key tile to release it under), release it now.
+    if (unreleased_slot == q_slot) release_stored_slot();
+    mbar_wait(s.q_full(q_slot), q_ring.parity);
 
     // The pieces of one key tile. S = Q K^T of ring slot `slot` (both K-major; a 16-column
     // step moves 32 bytes along a panel row).
@@ -449,7 +504,7 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
 #pragma unroll
       for (int kd = 0; kd < D / 16; ++kd) {
         const uint32_t col = (kd % 4) * 32;
-        mma_ss<BN, 0, 0>(sc, advance(q_desc, (kd / 4) * BM * kPanelRowBytes + col),
+        mma_ss<BN, 0, 0>(sc, advance(q_tile, (kd / 4) * BM * kPanelRowBytes + col),
                          advance(k_slot, (kd / 4) * BN * kPanelRowBytes + col), kd > 0);
       }
       wg_commit();
@@ -469,7 +524,7 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
       if (k0 + BN > S || tiles.cover(kb) == Cover::partial) {
         mask_scores<NT, SEG>(sc, p, rows, qid, seg_row,
                              SEG ? tiles.key_segment(kb) : UniformSegment{true, 0}, k0, lane,
-                             masked);
+                             OnlineSoftmax<NT>::masked(positive_scale));
       }
       softmax.step(sc, p.scale_log2, positive_scale, alpha);
     };
@@ -490,6 +545,7 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
       begin_turn();
       issue_scores(ring.slot);
       end_turn();
+      release_stored_slot();  // the previous tile's store has had its products' time to read
       wg_wait<0>();
       pin(sc);
       release(s.k_empty(ring.slot));
@@ -524,9 +580,6 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
       prev = ring;
       ring.advance();
     }
-    // The last S has read Q: the producer may load the next work tile's Q (unless the output
-    // is written over it).
-    if (!P.o_aliases_q()) named_arrive(kQEmptyBarrier, kQEmptyThreads);
     if (prev.slot != ring.slot || prev.parity != ring.parity) {  // the last tile's P V
       mbar_wait(s.v_full(prev.slot), prev.parity);
       begin_turn();
@@ -537,12 +590,12 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
       pin(pa);
       release(s.v_empty(prev.slot));
     }
-    store_output<PLAN, SEG>(a, s, g, w, tiles.q0, o, softmax);
-    if (P.o_aliases_q()) {  // Q's buffer is free once the stores have read it
-      if (tid == 0) tma_store_wait_read();
-      named_sync(epilogue_barrier<kGroups>(g), 128);
-      named_arrive(kQEmptyBarrier, kQEmptyThreads);
-    }
+    // This group's products are done with its Q rows: the output goes over them.
+    store_output<PLAN, NT>(a, s, q_slot, g, w, tiles.q0, o, softmax);
+    release_stored_slot();  // only when this tile had no key tile to release it under
+    unreleased_slot = q_slot;
+    if constexpr (Smem<PLAN>::kQSlots == 1) release_stored_slot();
+    q_ring.advance();
   }
   if (tid == 0) tma_store_wait_all();
 }
@@ -557,11 +610,15 @@ __global__ void __launch_bounds__(kTmaForwardPlans[PLAN].threads(), 1)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const Smem<PLAN> s{align_1024(smem_raw)};
   if (threadIdx.x == 0) {
-    mbar_init(s.q_full(), 32);  // every producer lane (the segment table is theirs)
+    for (int i = 0; i < Smem<PLAN>::kQSlots; ++i) {
+      mbar_init(s.q_full(i), 32);  // every producer lane (the table)
+      // Each consumer group's store thread, once its store has read the slot.
+      mbar_init(s.q_empty(i), P.consumer_groups());
+    }
     for (int i = 0; i < P.stages; ++i) {
       mbar_init(s.k_full(i), 1);
       mbar_init(s.v_full(i), 1);
-      mbar_init(s.k_empty(i), 4 * P.consumer_groups());  // one arrival per consumer warp
+      mbar_init(s.k_empty(i), 4 * P.consumer_groups());
       mbar_init(s.v_empty(i), 4 * P.consumer_groups());
     }
     mbar_fence_init();
