@@ -116,7 +116,8 @@ TEST_P(DebugStepTest, Bf16RunsAndStaysNearFp32) {
 // The AdamW steps are training's optimizer step (train::Optimizer: norm, clipping, the
 // multi-tensor update that refreshes the compute copies): the same losses and norms, bit for
 // bit, as that object stepping the model in this process, with clipping acting (bf16: the
-// compute copies feed every forward after the first).
+// compute copies feed every forward after the first). Bit for bit holds because the CLI runs
+// with this process's environment: the same OpenBLAS kernel and OpenMP thread count.
 TEST_P(DebugStepTest, AdamWStepsAreTrainingsOptimizer) {
   Fixture f(GetParam());
   for (const char* dtype : {"fp32", "bf16"}) {
