@@ -5,8 +5,9 @@
 // Writes to --out-dir: logits.npy (fp32 [B*T, padded vocab], the first forward), one
 // grad_<parameter name>.npy (fp32, the first backward) per parameter, and losses.json
 // ({"loss": first loss, "losses": loss before each of --steps AdamW updates, "grad_norms": ...}).
-// The steps follow train's: zero_grad, forward, backward, global norm (clip), AdamW at a constant
-// learning rate with 1-based step numbers, refresh the compute copies.
+// Each step is train's: zero_grad, forward, backward, then train::Optimizer (global norm, clipping,
+// AdamW over every parameter in one multi-tensor update that refreshes the compute copies) at a
+// constant learning rate with 1-based step numbers. Only the schedule and the data differ.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -25,6 +26,7 @@
 #include "models/checkpoint.h"
 #include "models/transformer.h"
 #include "nn/adamw.h"
+#include "train/optimizer.h"
 
 namespace ft::cli {
 namespace {
@@ -64,22 +66,6 @@ void write_json(const std::string& path, const nlohmann::json& j) {
   FT_CHECK(out.good(), path, ": write failed");
 }
 
-// One AdamW update of every parameter from the gradients in place; returns the gradient norm.
-double adamw_step(models::Transformer& model, const DebugStepFlags& f, Device device,
-                  int64_t step) {
-  std::vector<Tensor> grads;
-  for (const models::Parameter& p : model.parameters()) grads.push_back(p.grad);
-  const double norm = nn::global_grad_norm(grads);
-  const double clip_scale = (f.grad_clip > 0 && norm > f.grad_clip) ? f.grad_clip / norm : 1.0;
-  for (models::Parameter& p : model.parameters()) {
-    if (!p.m.defined()) p.m = Tensor::zeros(p.master.shape(), p.master.dtype(), device);
-    if (!p.v.defined()) p.v = Tensor::zeros(p.master.shape(), p.master.dtype(), device);
-    nn::adamw_update(p.master, p.grad, p.m, p.v, f.lr, f.adamw, step, clip_scale, p.decay);
-    p.sync_compute();
-  }
-  return norm;
-}
-
 void run(const DebugStepFlags& f) {
   FT_CHECK(f.steps >= 0, "--steps must be >= 0, got ", f.steps);
   FT_CHECK(f.lr >= 0 && std::isfinite(f.lr), "--lr must be a finite number >= 0, got ", f.lr);
@@ -112,6 +98,7 @@ void run(const DebugStepFlags& f) {
     npy::save((dir / ("grad_" + p.name + ".npy")).string(), to_host_f32(p.grad));
   }
 
+  train::Optimizer optimizer(model, f.adamw, f.grad_clip);
   std::vector<double> losses, norms;
   for (int64_t step = 1; step <= f.steps; ++step) {
     double step_loss = loss;
@@ -122,7 +109,7 @@ void run(const DebugStepFlags& f) {
     }
     FT_CHECK(std::isfinite(step_loss), "loss is ", step_loss, " at step ", step);
     losses.push_back(step_loss);
-    norms.push_back(adamw_step(model, f, device, step));
+    norms.push_back(optimizer.step(step, f.lr).grad_norm);
   }
   synchronize(device);
   write_json((dir / "losses.json").string(), {{"model", models::family_name(mc.family)},

@@ -12,5 +12,6 @@ void add_debug_step_command(CLI::App& app);
 void add_compare_loss_command(CLI::App& app);
 void add_summarize_command(CLI::App& app);
 void add_sweep_command(CLI::App& app);
+void add_info_command(CLI::App& app);
 
 }  // namespace ft::cli

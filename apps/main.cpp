@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   ft::cli::add_compare_loss_command(app);
   ft::cli::add_summarize_command(app);
   ft::cli::add_sweep_command(app);
+  ft::cli::add_info_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

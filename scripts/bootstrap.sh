@@ -10,6 +10,7 @@ debian_packages=(
   nlohmann-json3-dev                  # JSON logs and configs
   libgtest-dev                        # tests
   clang-format                        # formatting check
+  clang libclang-rt-dev libomp-dev    # fuzzing (scripts/fuzz.sh): libFuzzer and sanitizers
   python3 python3-pip                 # data preparation script
 )
 

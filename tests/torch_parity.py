@@ -10,7 +10,13 @@ llm.c checkpoint (src/models/checkpoint.h) together with a random batch of token
   loss         mean cross-entropy of the first forward    relative error
   grad <name>  every parameter's gradient, one row each   relative norm error per tensor
   adamw losses the loss before each of --steps AdamW      max relative error over the steps
-               updates on the same batch (constant lr, no clipping)
+               updates on the same batch (constant lr, the
+               global gradient norm clipped to --grad-clip)
+  grad norms   the global gradient norm before each update max relative error over the steps
+
+flashtrain's steps go through train::Optimizer, the object its trainer steps with (global
+norm, clipping, the multi-tensor AdamW update); the PyTorch side clips as that object does (fp64
+norm, gradients scaled by clip / norm when the norm is larger) and then runs torch.optim.AdamW.
 
 The PyTorch side is always the fp32 model (TF32 off), on --torch-device. flashtrain's bf16 mode
 (bf16 weights and activations, fp32 master weights, moments and accumulation) is compared
@@ -48,17 +54,20 @@ VERSION_FP32 = 3
 # orders differ by a few ulp (2^-24 ~ 6e-8) times a slowly growing factor of the reduction
 # lengths; on the CPU the worst tensor is ~1.5e-6, so 1e-5 leaves room for the GPU's orders
 # while TF32 (10-bit mantissa, ~5e-4) or any wrong operation fails it.
-# bf16: every stored weight and activation is rounded to 8 significant bits (unit roundoff
-# u = 2^-9 ~ 2e-3), independently per element, and the errors compound along the layers: the
-# CPU run measures ~7u on the logits and ~12u on the worst gradient (the backward chain has
-# about twice the roundings). Bounds: 5e-2 (~25u) for logits and 1e-1 (~50u) per gradient
-# tensor, room for the GPU's other bf16 rounding points (fused epilogues, bf16 attention
-# probabilities) while a wrong operation still gives errors of order 1. The loss is a mean of
+# bf16: every stored weight and activation is rounded to 8 significant bits (at most
+# u = 2^-8 ~ 3.9e-3 relative, ~u/sqrt(3) ~ 2e-3 on average), independently per element, and the
+# errors compound along the layers: the CPU run measures ~1.4e-2 on the logits and ~2.4e-2 on
+# the worst gradient (the backward chain has about twice the roundings). Bounds: 5e-2 (~13u) for
+# logits and 1e-1 (~26u) per gradient tensor (and for the gradient norms), room for the GPU's
+# other bf16 rounding points (fused epilogues, bf16 attention probabilities) while a wrong
+# operation still gives errors of order 1. The loss is a mean of
 # B*T log-probabilities whose errors average out (measured ~4e-5); its bound and the AdamW
 # trajectory's are the 1e-2 that flashtrain's design sets for bf16 loss curves.
 BOUNDS = {
-    "fp32": {"logits": 1e-5, "loss": 1e-5, "grad": 1e-5, "adamw losses": 1e-5},
-    "bf16": {"logits": 5e-2, "loss": 1e-2, "grad": 1e-1, "adamw losses": 1e-2},
+    "fp32": {"logits": 1e-5, "loss": 1e-5, "grad": 1e-5, "adamw losses": 1e-5,
+             "grad norms": 1e-5},
+    "bf16": {"logits": 5e-2, "loss": 1e-2, "grad": 1e-1, "adamw losses": 1e-2,
+             "grad norms": 1e-1},
 }
 
 
@@ -264,8 +273,16 @@ def forward(cfg, p, tokens, targets):
     return logits, loss
 
 
-def torch_reference(cfg, weights, tokens, targets, steps, lr, weight_decay, device):
-    """First-step logits, loss and gradients, and the loss before each AdamW update."""
+def global_norm(params):
+    """sqrt(sum of g^2) over every gradient, in fp64 (as nn::global_grad_norm sums)."""
+    total = sum(float((t.grad.double() ** 2).sum()) for t in params.values())
+    return math.sqrt(total)
+
+
+def torch_reference(cfg, weights, tokens, targets, steps, lr, weight_decay, grad_clip, device):
+    """First-step logits, loss and gradients, and the loss and global gradient norm before each
+    AdamW update, the gradients clipped to grad_clip (None: half the first norm, so that
+    clipping acts; 0: off) as train::Optimizer clips."""
     params = {n: w.clone().to(device).requires_grad_(True) for n, w in weights.items()}
     tokens = torch.from_numpy(tokens).long().to(device)
     targets = torch.from_numpy(targets).long().to(device)
@@ -280,15 +297,25 @@ def torch_reference(cfg, weights, tokens, targets, steps, lr, weight_decay, devi
     loss.backward()
     first_loss = loss.item()
     grads = {n: t.grad.detach().cpu().double().numpy() for n, t in params.items()}
-    losses = []
+    if grad_clip is None:
+        grad_clip = 0.5 * global_norm(params)
+    losses, norms, clipped = [], [], 0
     for step in range(steps):
         if step > 0:
             opt.zero_grad(set_to_none=True)
             _, loss = forward(cfg, params, tokens, targets)
             loss.backward()
         losses.append(loss.item())
+        norm = global_norm(params)
+        norms.append(norm)
+        if grad_clip > 0 and norm > grad_clip:
+            clipped += 1
+            with torch.no_grad():
+                for t in params.values():
+                    t.grad.mul_(grad_clip / norm)
         opt.step()
-    return {"logits": first_logits, "loss": first_loss, "grads": grads, "losses": losses}
+    return {"logits": first_logits, "loss": first_loss, "grads": grads, "losses": losses,
+            "grad_norms": norms, "grad_clip": grad_clip, "clipped": clipped}
 
 
 # ---------------------------------------------------------------- comparison
@@ -313,11 +340,11 @@ def max_relative_error(ours, ref):
     return max(relative_error(a, b) for a, b in zip(ours, ref))
 
 
-def run_flashtrain(args, ckpt, tokens_path, targets_path, out_dir, device, dtype):
+def run_flashtrain(args, ckpt, tokens_path, targets_path, out_dir, device, dtype, grad_clip):
     cmd = [args.cli, "debug-step", "--load", ckpt, "--tokens", tokens_path, "--targets",
            targets_path, "--out-dir", out_dir, "--device", device, "--dtype", dtype,
            "--attention", args.attention, "--steps", str(args.steps), "--lr", repr(args.lr),
-           "--weight-decay", repr(args.weight_decay), "--grad-clip", "0"]
+           "--weight-decay", repr(args.weight_decay), "--grad-clip", repr(grad_clip)]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
         print(f"flashtrain failed ({result.returncode}): {' '.join(cmd)}\n"
@@ -330,7 +357,7 @@ def run_flashtrain(args, ckpt, tokens_path, targets_path, out_dir, device, dtype
         if name.startswith("grad_") and name.endswith(".npy"):
             grads[name[len("grad_"):-len(".npy")]] = np.load(os.path.join(out_dir, name))
     return {"logits": np.load(os.path.join(out_dir, "logits.npy")), "loss": summary["loss"],
-            "grads": grads, "losses": summary["losses"]}
+            "grads": grads, "losses": summary["losses"], "grad_norms": summary["grad_norms"]}
 
 
 def compare(model, device, dtype, ours, ref, verbose_grads):
@@ -360,6 +387,8 @@ def compare(model, device, dtype, ours, ref, verbose_grads):
         row(f"grads, worst of {len(grad_rows)} ({worst[0][5:]})", worst[1], bounds["grad"])
     row(f"adamw losses ({len(ref['losses'])} steps)",
         max_relative_error(ours["losses"], ref["losses"]), bounds["adamw losses"])
+    row(f"grad norms ({len(ref['grad_norms'])} steps, {ref['clipped']} clipped)",
+        max_relative_error(ours["grad_norms"], ref["grad_norms"]), bounds["grad norms"])
     return rows
 
 
@@ -396,6 +425,9 @@ def main():
                         help="constant AdamW learning rate (default: %(default)s)")
     parser.add_argument("--weight-decay", type=float, default=0.1,
                         help="AdamW weight decay on 2-D parameters (default: %(default)s)")
+    parser.add_argument("--grad-clip", type=float, default=None,
+                        help="clip the global gradient norm to this (0: off; default: half the "
+                             "first step's norm, so that clipping acts)")
     parser.add_argument("--seed", type=int, default=1234, help="weights and tokens seed")
     parser.add_argument("--torch-device", default="cpu",
                         help="where PyTorch computes the fp32 reference (default: cpu)")
@@ -435,17 +467,18 @@ def main():
         np.save(tokens_path, tokens)
         np.save(targets_path, targets)
         ref = torch_reference(cfg, weights, tokens, targets, args.steps, args.lr,
-                              args.weight_decay, args.torch_device)
+                              args.weight_decay, args.grad_clip, args.torch_device)
         print(f"{family}: {cfg['layers']} layers, width {cfg['width']}, heads {cfg['heads']}/"
               f"{cfg['kv_heads']}, MLP {cfg['ffn']}, vocab {cfg['vocab']} "
               f"(padded {cfg['padded_vocab']}), batch {shape[0]}x{shape[1]}; PyTorch "
               f"{torch.__version__} fp32 on {args.torch_device}: loss {ref['loss']:.6f}, "
-              f"before AdamW step {args.steps} {ref['losses'][-1]:.6f}")
+              f"before AdamW step {args.steps} {ref['losses'][-1]:.6f}, grad clip "
+              f"{ref['grad_clip']:.6g} (acted in {ref['clipped']} of {args.steps} steps)")
         for device in args.device:
             for dtype in args.dtype:
                 out_dir = os.path.join(work, f"{family}_{device}_{dtype}")
                 ours = run_flashtrain(args, ckpt, tokens_path, targets_path, out_dir, device,
-                                      dtype)
+                                      dtype, ref["grad_clip"])
                 if ours is None:
                     failed_runs += 1
                     rows.append((family, device, dtype, "flashtrain run", math.inf, 0.0, False))

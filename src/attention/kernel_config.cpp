@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <regex>
@@ -86,6 +88,21 @@ std::string KernelConfig::str() const {
   return ft::str(forward_str(), " ", backward_str());
 }
 
+namespace {
+
+// A tile size or thread count of the text form (digits, per the pattern): one that does not fit
+// an int is refused, not thrown as std::out_of_range.
+int config_number(const std::ssub_match& digits, const std::string& text) {
+  int v = 0;
+  const std::string s = digits.str();
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  FT_CHECK(ec == std::errc() && end == s.data() + s.size(), "kernel config: number ", s, " in '",
+           text, "' is out of range (at most ", std::numeric_limits<int>::max(), ")");
+  return v;
+}
+
+}  // namespace
+
 KernelConfig KernelConfig::parse(const std::string& text, const KernelConfig& base) {
   static const std::regex fwd_re(
       R"(^fwd=(\d+)x(\d+)/(\d+)(?:/(mma|wgmma|tma))?(?:/s(\d+))?(?:/(pp|nopp))?$)");
@@ -101,15 +118,16 @@ KernelConfig KernelConfig::parse(const std::string& text, const KernelConfig& ba
   while (words >> word) {
     std::smatch m;
     if (std::regex_match(word, m, fwd_re)) {
-      c.forward = {std::stoi(m[1]), std::stoi(m[2]), std::stoi(m[3])};
+      c.forward = {config_number(m[1], text), config_number(m[2], text), config_number(m[3], text)};
       c.forward_path = m[4].matched ? parse_forward_path(m[4]) : ForwardPath::mma;
       const bool tma = c.forward_path == ForwardPath::tma;
       FT_CHECK(tma || (!m[5].matched && !m[6].matched), "kernel config: '", word,
                "': stages (/sN) and turns (/pp, /nopp) belong to the tma path only: ", expected);
-      c.forward_stages = tma ? (m[5].matched ? std::stoi(m[5]) : 2) : 0;
+      c.forward_stages = tma ? (m[5].matched ? config_number(m[5], text) : 2) : 0;
       c.forward_pingpong = tma && (!m[6].matched || m[6] == "pp");
     } else if (std::regex_match(word, m, bwd_re)) {
-      c.backward = {std::stoi(m[1]), std::stoi(m[2]), std::stoi(m[3])};
+      c.backward = {config_number(m[1], text), config_number(m[2], text),
+                    config_number(m[3], text)};
       if (m[4].matched) c.backward_path = parse_backward_path(m[4]);
     } else {
       throw Error(ft::str("kernel config: cannot read '", word, "' in '", text, "': ", expected));

@@ -67,6 +67,14 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
     for (int64_t j = 0; j < N; ++j) C[r * ldc + j] = bf16(c[r * N + j]);
 }
 
+std::string blas_core_name() {
+  return openblas_get_corename();
+}
+
+std::string blas_config() {
+  return openblas_get_config();
+}
+
 int num_threads() {
 #ifdef _OPENMP
   return omp_get_max_threads();

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "core/bf16.h"
 
@@ -24,5 +25,11 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
 
 // Number of threads CPU kernels use (OpenMP's, 1 without OpenMP).
 int num_threads();
+
+// OpenBLAS's core type: the kernel set it picked for this processor, or the one the
+// OPENBLAS_CORETYPE environment variable forces (e.g. "Haswell", "Zen", "SkylakeX").
+std::string blas_core_name();
+// OpenBLAS's build configuration ("OpenBLAS 0.3.21 DYNAMIC_ARCH USE_OPENMP ...").
+std::string blas_config();
 
 }  // namespace ft::cpu

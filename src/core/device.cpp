@@ -1,5 +1,7 @@
 #include "core/device.h"
 
+#include <fstream>
+
 #include "core/error.h"
 
 #ifdef FLASHTRAIN_WITH_CUDA
@@ -10,6 +12,19 @@
 #endif
 
 namespace ft {
+
+std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) break;
+    const size_t start = line.find_first_not_of(" \t", colon + 1);
+    return start == std::string::npos ? "unknown" : line.substr(start);
+  }
+  return "unknown";
+}
 
 #ifdef FLASHTRAIN_WITH_CUDA
 

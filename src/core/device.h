@@ -8,6 +8,9 @@
 
 namespace ft {
 
+// The host processor's model name (Linux: /proc/cpuinfo), "unknown" where it cannot be read.
+std::string cpu_model_name();
+
 int cuda_device_count();                // 0 without CUDA, a driver or a GPU
 std::string cuda_unavailable_reason();  // why cuda_device_count() is 0 ("" when it is not)
 bool cuda_training_supported();         // the CUDA training backend is compiled in

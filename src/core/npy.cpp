@@ -7,10 +7,12 @@
 #include "core/atomic_file.h"
 
 #include <cctype>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <vector>
 
 namespace ft::npy {
@@ -71,11 +73,13 @@ Shape parse_shape(const std::string& text, const std::string& path) {
     if (pos >= close) break;
     FT_CHECK(std::isdigit(static_cast<unsigned char>(text[pos])), path,
              ": malformed .npy shape: ", text.substr(0, close + 1));
-    size_t used = 0;
-    const long long dim = std::stoll(text.substr(pos, close - pos), &used);
-    FT_CHECK(used > 0 && dim >= 0, path, ": malformed .npy shape: ", text.substr(0, close + 1));
+    int64_t dim = 0;
+    const char* begin = text.data() + pos;
+    const auto [end, ec] = std::from_chars(begin, text.data() + close, dim);
+    FT_CHECK(ec == std::errc(), path, ": .npy shape ", text.substr(0, close + 1),
+             " has a dimension out of range (at most ", std::numeric_limits<int64_t>::max(), ")");
     shape.push_back(dim);
-    pos += used;
+    pos += static_cast<size_t>(end - begin);
   }
   return shape;
 }
@@ -103,11 +107,23 @@ uint32_t read_header_length(std::ifstream& in, int major, const std::string& pat
   return length;
 }
 
+// Bytes of an array of `shape` and `dtype`, or -1 when that does not fit int64.
+int64_t array_bytes(const Shape& shape, DType dtype) {
+  int64_t n = static_cast<int64_t>(dtype_size(dtype));
+  for (int64_t d : shape) {
+    if (d != 0 && n > std::numeric_limits<int64_t>::max() / d) return -1;
+    n *= d;
+  }
+  return n;
+}
+
 }  // namespace
 
 Tensor load(const std::string& path) {
+  std::error_code ec;
+  const auto file_bytes = static_cast<int64_t>(std::filesystem::file_size(path, ec));
   std::ifstream in(path, std::ios::binary);
-  FT_CHECK(in.good(), path, ": cannot open .npy file");
+  FT_CHECK(!ec && in.good(), path, ": cannot open .npy file");
   char magic[kMagicSize + 2] = {};
   in.read(magic, kMagicSize + 2);
   FT_CHECK(in.gcount() == static_cast<std::streamsize>(kMagicSize + 2) &&
@@ -117,6 +133,9 @@ Tensor load(const std::string& path) {
   FT_CHECK(major >= 1 && major <= 3, path, ": unsupported .npy format version ", major,
            " (supported: 1, 2, 3)");
   const uint32_t header_length = read_header_length(in, major, path);
+  const int64_t preamble = static_cast<int64_t>(kMagicSize) + 2 + (major == 1 ? 2 : 4);
+  FT_CHECK(header_length <= file_bytes - preamble, path, ": truncated .npy file (the header says ",
+           header_length, " bytes, the file has ", file_bytes - preamble, " after the preamble)");
   std::string dict(header_length, '\0');
   in.read(dict.data(), header_length);
   FT_CHECK(in.gcount() == static_cast<std::streamsize>(header_length), path,
@@ -126,6 +145,13 @@ Tensor load(const std::string& path) {
            ": Fortran-order arrays are not supported; save a C-order array "
            "(numpy.ascontiguousarray)");
   const DType dtype = dtype_from_descr(header.descr, path);
+  // Checked against the file before anything is allocated for it.
+  const int64_t data_bytes = array_bytes(header.shape, dtype);
+  const int64_t held = file_bytes - preamble - header_length;
+  FT_CHECK(data_bytes >= 0 && data_bytes <= held, path, ": truncated .npy file: shape ",
+           shape_str(header.shape), " needs ",
+           data_bytes >= 0 ? std::to_string(data_bytes) : std::string("more than 2^63"),
+           " data bytes, found ", held);
   Tensor t = Tensor::empty(header.shape, dtype);
   in.read(static_cast<char*>(t.raw()), static_cast<std::streamsize>(t.nbytes()));
   FT_CHECK(in.gcount() == static_cast<std::streamsize>(t.nbytes()), path,

@@ -126,7 +126,6 @@ ModelConfig config_from_header(const Header& h, const std::string& path) {
     c.ffn_dim_multiplier = h.floats[0];
     c.norm_eps = h.floats[1];
     c.rope_theta = h.floats[2];
-    FT_CHECK(c.multiple_of >= 1, path, ": multiple_of must be >= 1, got ", c.multiple_of);
     c.finalize();
   } else {
     throw Error(str(path, ": not an llm.c model checkpoint (magic ", magic, "; expected ",
@@ -160,6 +159,29 @@ DType file_dtype_of(const Header& h) {
   return h.ints[1] == kVersionBf16 ? DType::bf16 : DType::f32;
 }
 
+// Elements the file stores (file_layout): every parameter, except that LLaMA-3 files hold only
+// the real vocabulary's rows of the embedding and of the head.
+int64_t stored_elements(const ModelConfig& c) {
+  const int64_t unstored_rows = c.family == Family::llama3 ? c.padded_vocab_size - c.vocab_size : 0;
+  return c.num_parameters() - 2 * unstored_rows * c.n_embd;
+}
+
+// The header's model, checked against the file's size before anything is allocated for it: a
+// header can only describe as many weights as the file holds.
+ModelConfig read_config(std::ifstream& in, const std::string& path, Header& h) {
+  h = read_header(in, path);
+  const ModelConfig c = config_from_header(h, path);
+  const int64_t expected = header_bytes(c.family) +
+                           stored_elements(c) * static_cast<int64_t>(dtype_size(file_dtype_of(h)));
+  std::error_code ec;
+  const auto actual = static_cast<int64_t>(std::filesystem::file_size(path, ec));
+  FT_CHECK(!ec, path, ": cannot read the checkpoint's size (", ec.message(), ")");
+  FT_CHECK(actual == expected, path, ": checkpoint holds ", actual, " bytes, its header (",
+           c.describe(), ", ", dtype_name(file_dtype_of(h)), ") implies ", expected,
+           " (truncated, or not this model)");
+  return c;
+}
+
 }  // namespace
 
 void save_checkpoint(const std::string& path, const Transformer& model, DType file_dtype) {
@@ -181,14 +203,15 @@ void save_checkpoint(const std::string& path, const Transformer& model, DType fi
 ModelConfig read_checkpoint_config(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   FT_CHECK(in.good(), path, ": cannot open checkpoint");
-  return config_from_header(read_header(in, path), path);
+  Header h;
+  return read_config(in, path, h);
 }
 
 void load_checkpoint(const std::string& path, Transformer& model) {
   std::ifstream in(path, std::ios::binary);
   FT_CHECK(in.good(), path, ": cannot open checkpoint");
-  const Header h = read_header(in, path);
-  const ModelConfig file_config = config_from_header(h, path);
+  Header h;
+  const ModelConfig file_config = read_config(in, path, h);
   const ModelConfig& c = model.config();
   FT_CHECK(file_config.family == c.family && file_config.n_layer == c.n_layer &&
                file_config.n_embd == c.n_embd && file_config.n_head == c.n_head &&

@@ -1,5 +1,6 @@
 #include "models/config.h"
 
+#include <cmath>
 #include <map>
 #include <sstream>
 
@@ -12,8 +13,12 @@ const char* family_name(Family f) {
 }
 
 int64_t llama_ffn_hidden(int64_t n_embd, int64_t multiple_of, double ffn_dim_multiplier) {
+  // n_embd comes from an int32 header field or a flag checked later: 8 * n_embd fits int64
+  // for any int32, and a multiplier up to kMaxFfnDimMultiplier keeps the product in range.
   int64_t hidden = 2 * (4 * n_embd) / 3;
-  if (ffn_dim_multiplier > 0) hidden = static_cast<int64_t>(ffn_dim_multiplier * hidden);
+  if (ffn_dim_multiplier > 0 && ffn_dim_multiplier <= kMaxFfnDimMultiplier)
+    hidden = static_cast<int64_t>(ffn_dim_multiplier * static_cast<double>(hidden));
+  if (multiple_of < 1) return hidden;
   return multiple_of * ((hidden + multiple_of - 1) / multiple_of);
 }
 
@@ -85,8 +90,10 @@ void ModelConfig::finalize() {
 }
 
 void ModelConfig::validate() const {
-  FT_CHECK(n_layer >= 1, "layers must be >= 1, got ", n_layer);
-  FT_CHECK(n_embd >= 8, "width must be >= 8, got ", n_embd);
+  FT_CHECK(n_layer >= 1 && n_layer <= kMaxLayers, "layers must be in [1, ", kMaxLayers, "], got ",
+           n_layer);
+  FT_CHECK(n_embd >= 8 && n_embd <= kMaxWidth, "width must be in [8, ", kMaxWidth, "], got ",
+           n_embd);
   FT_CHECK(n_head >= 1 && n_embd % n_head == 0, "width ", n_embd,
            " must be a positive multiple of heads ", n_head);
   FT_CHECK(head_dim() % 2 == 0 || !rope(), "head dim ", head_dim(), " must be even for RoPE");
@@ -94,8 +101,26 @@ void ModelConfig::validate() const {
            " must be a multiple of kv heads ", n_kv_head);
   FT_CHECK(family != Family::gpt2 || n_kv_head == n_head,
            "GPT-2 models have as many kv heads as heads (", n_head, "), got kv heads ", n_kv_head);
-  FT_CHECK(vocab_size >= 2, "vocab must be >= 2, got ", vocab_size);
-  FT_CHECK(max_seq_len >= 1, "context must be >= 1, got ", max_seq_len);
+  FT_CHECK(vocab_size >= 2 && vocab_size <= kMaxVocab, "vocab must be in [2, ", kMaxVocab,
+           "], got ", vocab_size);
+  FT_CHECK(padded_vocab_size >= vocab_size && padded_vocab_size <= kMaxVocab + 127,
+           "padded vocab must be in [vocab ", vocab_size, ", ", kMaxVocab + 127, "], got ",
+           padded_vocab_size);
+  FT_CHECK(max_seq_len >= 1 && max_seq_len <= kMaxContext, "context must be in [1, ", kMaxContext,
+           "], got ", max_seq_len);
+  FT_CHECK(std::isfinite(norm_eps) && norm_eps > 0, "norm eps must be a positive number, got ",
+           norm_eps);
+  if (family == Family::llama3) {
+    FT_CHECK(multiple_of >= 1 && multiple_of <= kMaxMultipleOf, "multiple_of must be in [1, ",
+             kMaxMultipleOf, "], got ", multiple_of);
+    FT_CHECK(ffn_dim_multiplier >= 0 && ffn_dim_multiplier <= kMaxFfnDimMultiplier,
+             "ffn_dim_multiplier must be in [0, ", kMaxFfnDimMultiplier, "] (0: none), got ",
+             ffn_dim_multiplier);
+    FT_CHECK(std::isfinite(rope_theta) && rope_theta > 0,
+             "rope theta must be a positive number, got ", rope_theta);
+  }
+  FT_CHECK(ffn_hidden >= 1 && ffn_hidden <= kMaxFfnHidden, "MLP width ", ffn_hidden,
+           " (from width ", n_embd, ") must be in [1, ", kMaxFfnHidden, "]");
 }
 
 int64_t ModelConfig::num_parameters() const {

@@ -10,6 +10,18 @@
 namespace ft::models {
 
 enum class Family { gpt2, llama3 };
+
+// The largest shapes validate() accepts: far above every preset and every released model of
+// both families, and small enough that no size computed from them overflows int64
+// (num_parameters() stays below 2^51). A checkpoint header is checked against them before its
+// sizes are used.
+inline constexpr int64_t kMaxLayers = 1024;
+inline constexpr int64_t kMaxWidth = 65536;
+inline constexpr int64_t kMaxVocab = int64_t{1} << 24;
+inline constexpr int64_t kMaxContext = int64_t{1} << 20;
+inline constexpr int64_t kMaxMultipleOf = 65536;
+inline constexpr int64_t kMaxFfnHidden = int64_t{1} << 22;
+inline constexpr double kMaxFfnDimMultiplier = 16.0;
 enum class NormKind { layernorm, rmsnorm };
 enum class MlpKind { gelu, swiglu };
 
@@ -44,7 +56,7 @@ struct ModelConfig {
 
   // Recomputes the derived fields (padded vocab, LLaMA's MLP width) after a change.
   void finalize();
-  // Throws ft::Error naming the bad field and what is allowed.
+  // Throws ft::Error naming the bad field and what is allowed (the kMax* limits above).
   void validate() const;
   std::string describe() const;
 };
@@ -61,6 +73,8 @@ ModelConfig preset(const std::string& name);
 ModelConfig apply_overrides(ModelConfig config, const ModelOverrides& overrides);
 
 // LLaMA's MLP width rule: 2/3 of 4C, times ffn_dim_multiplier, rounded up to multiple_of.
+// A multiplier outside (0, kMaxFfnDimMultiplier] or a multiple_of below 1 is not applied
+// (validate() refuses both), so that any header's values can be passed.
 int64_t llama_ffn_hidden(int64_t n_embd, int64_t multiple_of, double ffn_dim_multiplier);
 
 }  // namespace ft::models

@@ -1,6 +1,7 @@
 #include "train/tokenizer.h"
 
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 
 #include "core/error.h"
@@ -29,6 +30,13 @@ Tokenizer::Tokenizer(const std::string& path) : path_(path) {
   FT_CHECK(eot_token_ >= 0 && eot_token_ < vocab, "tokenizer '", path, "': eot token ", eot_token_,
            " outside [0, ", vocab, ")");
 
+  // Each token takes at least its length byte: a vocabulary larger than the file can hold is
+  // refused before the table is allocated.
+  std::error_code ec;
+  const auto bytes = static_cast<int64_t>(std::filesystem::file_size(path, ec));
+  const int64_t most = ec ? 0 : bytes - static_cast<int64_t>(sizeof(header));
+  FT_CHECK(vocab <= most, "tokenizer '", path, "': vocab size ", vocab, " does not fit the file (",
+           bytes, " bytes hold at most ", most, " tokens)");
   tokens_.resize(static_cast<size_t>(vocab));
   for (int32_t i = 0; i < vocab; ++i) {
     uint8_t length = 0;

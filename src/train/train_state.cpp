@@ -3,6 +3,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
@@ -17,6 +18,32 @@ constexpr char kMagic[8] = {'F', 'T', 'S', 'T', 'A', 'T', 'E', '1'};
 void ensure_moments(models::Parameter& p) {
   if (!p.m.defined()) p.m = Tensor::zeros(p.master.shape(), p.master.dtype(), p.master.device());
   if (!p.v.defined()) p.v = Tensor::zeros(p.master.shape(), p.master.dtype(), p.master.device());
+}
+
+// The header's fields have the types load_train_state reads, so that a corrupt header is an
+// ft::Error naming the field rather than a JSON exception.
+void check_header(const nlohmann::json& h, const std::string& path) {
+  auto field = [&](const nlohmann::json& j, const char* key) -> const nlohmann::json& {
+    FT_CHECK(j.is_object() && j.contains(key), path, ": corrupt resume state header (no \"", key,
+             "\" in ", j.dump().substr(0, 80), ")");
+    return j[key];
+  };
+  auto check = [&](bool ok, const char* key, const char* what) {
+    FT_CHECK(ok, path, ": corrupt resume state header (\"", key, "\" must be ", what, ")");
+  };
+  check(field(h, "fingerprint").is_string(), "fingerprint", "a string");
+  check(field(h, "master_dtype").is_string(), "master_dtype", "a string");
+  const nlohmann::json& step = field(h, "step");
+  check(step.is_number_integer() && step.get<int64_t>() >= 0 &&
+            step.get<int64_t>() < std::numeric_limits<int64_t>::max(),
+        "step", "an integer >= 0");
+  for (const char* key : {"shard", "position", "rng_state", "epoch"})
+    check(field(field(h, "loader"), key).is_number_integer(), key, "an integer");
+  check(field(h, "params").is_array(), "params", "an array");
+  for (const nlohmann::json& p : h["params"]) {
+    check(field(p, "name").is_string(), "name", "a string");
+    check(field(p, "shape").is_array(), "shape", "an array");
+  }
 }
 
 }  // namespace
@@ -62,12 +89,17 @@ TrainState load_train_state(const std::string& path, models::Transformer& model,
   in.read(reinterpret_cast<char*>(&length), sizeof length);
   FT_CHECK(in.good() && std::memcmp(magic, kMagic, sizeof magic) == 0, path,
            ": not a flashtrain resume state (bad magic)");
-  FT_CHECK(length < (1u << 30), path, ": corrupt resume state header length ", length);
+  std::error_code ec;
+  const auto file_bytes = static_cast<uint64_t>(std::filesystem::file_size(path, ec));
+  FT_CHECK(!ec && length <= file_bytes - sizeof magic - sizeof length, path,
+           ": corrupt resume state header length ", length, " (the file has ", file_bytes,
+           " bytes)");
   std::string text(length, '\0');
   in.read(text.data(), static_cast<std::streamsize>(length));
   FT_CHECK(in.good(), path, ": truncated resume state header");
   const nlohmann::json header = nlohmann::json::parse(text, nullptr, false);
   FT_CHECK(!header.is_discarded(), path, ": corrupt resume state header");
+  check_header(header, path);
 
   const std::string fingerprint = header.value("fingerprint", "");
   FT_CHECK(fingerprint == expected_fingerprint, path,

@@ -12,9 +12,9 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "models/checkpoint.h"
-#include "nn/adamw.h"
 #include "train/data_loader.h"
 #include "train/documents.h"
+#include "train/optimizer.h"
 #include "train/schedule.h"
 #include "train/step_log.h"
 #include "train/tokenizer.h"
@@ -207,8 +207,7 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
              {"seed", c.seed}});
 
   const LrSchedule schedule{c.lr, c.warmup, c.steps, c.min_lr_fraction};
-  std::vector<Tensor> grads;
-  for (const models::Parameter& p : model.parameters()) grads.push_back(p.grad);
+  Optimizer optimizer(model, c.adamw, c.grad_clip);
 
   TrainSummary summary;
   double timed_ms = 0.0;
@@ -240,17 +239,8 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
         model.backward(1.0 / static_cast<double>(accum));
       }
       loss /= static_cast<double>(accum);
-      const double norm = nn::global_grad_norm(grads);
-      const double clip_scale = (c.grad_clip > 0 && norm > c.grad_clip) ? c.grad_clip / norm : 1.0;
       const double lr = schedule.lr(step);
-      // Every parameter in one call (one kernel on the GPU), compute copies refreshed with it.
-      std::vector<nn::AdamWTensor> update;
-      for (models::Parameter& p : model.parameters()) {
-        if (!p.m.defined()) p.m = Tensor::zeros(p.master.shape(), p.master.dtype(), c.device);
-        if (!p.v.defined()) p.v = Tensor::zeros(p.master.shape(), p.master.dtype(), c.device);
-        update.push_back({p.master, p.grad, p.m, p.v, p.decay, p.compute});
-      }
-      nn::adamw_update_all(update, lr, c.adamw, step, clip_scale);
+      const double norm = optimizer.step(step, lr).grad_norm;
       synchronize(c.device);  // the step's time includes its device work
       const double ms = elapsed_ms(t0);
       FT_CHECK(std::isfinite(loss), "training diverged: loss is ", loss, " at step ", step);

@@ -14,6 +14,7 @@
 #include "models/checkpoint.h"
 #include "models/transformer.h"
 #include "test_util.h"
+#include "train/optimizer.h"
 
 namespace ft {
 namespace {
@@ -110,6 +111,40 @@ TEST_P(DebugStepTest, Bf16RunsAndStaysNearFp32) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const double bf16_loss = read_json(f.dir.file("out/losses.json"))["loss"].get<double>();
   EXPECT_NEAR(bf16_loss, fp32_loss, 1e-2 * fp32_loss);
+}
+
+// The AdamW steps are training's optimizer step (train::Optimizer: norm, clipping, the
+// multi-tensor update that refreshes the compute copies): the same losses and norms, bit for
+// bit, as that object stepping the model in this process, with clipping acting (bf16: the
+// compute copies feed every forward after the first). Bit for bit holds because the CLI runs
+// with this process's environment: the same OpenBLAS kernel and OpenMP thread count.
+TEST_P(DebugStepTest, AdamWStepsAreTrainingsOptimizer) {
+  Fixture f(GetParam());
+  for (const char* dtype : {"fp32", "bf16"}) {
+    SCOPED_TRACE(dtype);
+    const double clip = 0.05, lr = 1e-3;
+    const test::CommandResult r = test::run_cli(
+        f.args(str("--steps 4 --lr ", lr, " --grad-clip ", clip, " --dtype ", dtype)));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const nlohmann::json summary = read_json(f.dir.file("out/losses.json"));
+    const std::vector<double> losses = summary["losses"].get<std::vector<double>>();
+    const std::vector<double> norms = summary["grad_norms"].get<std::vector<double>>();
+    ASSERT_EQ(losses.size(), 4u);
+    ASSERT_EQ(norms.size(), 4u);
+
+    models::Transformer model(f.config, parse_dtype(dtype), {});
+    models::load_checkpoint(f.dir.file("model.bin"), model);
+    train::Optimizer optimizer(model, nn::AdamWConfig{}, clip);
+    for (size_t step = 1; step <= 4; ++step) {
+      model.zero_grad();
+      const double loss = model.forward(f.tokens, f.targets);
+      model.backward(1.0);
+      const train::OptimizerStep s = optimizer.step(static_cast<int64_t>(step), lr);
+      EXPECT_EQ(losses[step - 1], loss) << "step " << step;
+      EXPECT_EQ(norms[step - 1], s.grad_norm) << "step " << step;
+      EXPECT_LT(s.grad_scale, 1.0) << "step " << step << ": clipping should act";
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, DebugStepTest, ::testing::Values("gpt2-tiny", "llama3-tiny"));

@@ -134,6 +134,9 @@ TEST(KernelConfig, BadTextNamesTheWordAndTheForm) {
   expect_error([] { KernelConfig::parse("fwd=128x64"); }, {"fwd=128x64", "expected"});
   expect_error([] { KernelConfig::parse("bwd=64x64/128/triple"); }, {"triple"});
   expect_error([] { KernelConfig::parse("  "); }, {"empty"});
+  // Too large for an int: an ft::Error, not std::out_of_range (found by fuzz_kernel_config).
+  expect_error([] { KernelConfig::parse("bwd=33333333333364x64/1"); },
+               {"33333333333364", "out of range"});
   expect_error([] { parse_backward_path("fast"); }, {"fast", "single, double"});
 }
 

@@ -102,5 +102,28 @@ TEST_F(Npy, BadFilesGiveClearErrors) {
   EXPECT_EQ(npy::load(ok).shape(), Shape{3});
 }
 
+// Sizes in the header are checked against the file before anything is allocated for them
+// (the fuzzer's findings: tests/fuzz/corpus/npy/regress-*).
+TEST_F(Npy, HeaderSizesBeyondTheFileAreRefused) {
+  const std::string huge = write_raw(
+      "huge.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (1000000, 1000000), }", 8);
+  expect_error(huge, "needs 4000000000000 data bytes, found 8");
+  expect_error(write_raw("overflow.npy",
+                         "{'descr': '<f8', 'fortran_order': False, 'shape': (4294967296, "
+                         "4294967296), }",
+                         8),
+               "needs more than 2^63 data bytes");
+  expect_error(write_raw("dim.npy",
+                         "{'descr': '<f4', 'fortran_order': False, 'shape': "
+                         "(99999999999999999999,), }",
+                         8),
+               "dimension out of range");
+  {  // version 2: a 4-byte header length, here far past the end of the file
+    std::ofstream out(path("v2.npy"), std::ios::binary);
+    out.write("\x93NUMPY\x02\x00\xff\xff\xff\x7f{}", 14);
+  }
+  expect_error(path("v2.npy"), "the header says 2147483647 bytes, the file has 2");
+}
+
 }  // namespace
 }  // namespace ft

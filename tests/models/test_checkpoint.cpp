@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <vector>
 
 #include "core/rng.h"
@@ -136,6 +137,44 @@ TEST(Checkpoint, BadFilesGiveClearErrors) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("does not match"), std::string::npos) << e.what();
   }
+}
+
+// A header is checked (shape limits, LLaMA's floats) and compared with the file's size before
+// a model is built from it, so a few bytes cannot ask for gigabytes (found by fuzz_checkpoint:
+// tests/fuzz/corpus/checkpoint/regress-*).
+TEST(Checkpoint, HeaderMustFitTheFileAndTheLimits) {
+  test::TempDir dir;
+  Transformer a(small("llama3-tiny"), DType::f32, {});
+  a.init_weights(1);
+  const std::string good = dir.file("good.bin");
+  save_checkpoint(good, a, DType::f32);
+  std::vector<char> bytes(std::filesystem::file_size(good));
+  std::ifstream(good, std::ios::binary)
+      .read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  auto with = [&](const std::string& name, size_t offset, auto value) {
+    std::vector<char> b = bytes;
+    std::memcpy(b.data() + offset, &value, sizeof value);
+    std::ofstream(dir.file(name), std::ios::binary)
+        .write(b.data(), static_cast<std::streamsize>(b.size()));
+    return dir.file(name);
+  };
+  auto expect_refused = [&](const std::string& path, const std::string& needle) {
+    try {
+      read_checkpoint_config(path);
+      FAIL() << "no error for " << path;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_refused(with("vocab.bin", 3 * 4, int32_t{16000000}), "truncated, or not this model");
+  expect_refused(with("layers.bin", 4 * 4, int32_t{1000000}), "layers must be in [1, 1024]");
+  expect_refused(with("context.bin", 2 * 4, int32_t{2000000000}), "context must be in");
+  expect_refused(with("ffn.bin", 1024, std::numeric_limits<float>::quiet_NaN()),
+                 "ffn_dim_multiplier must be in [0, 16]");
+  expect_refused(with("ffn_big.bin", 1024, 3e23f), "ffn_dim_multiplier must be in [0, 16]");
+  expect_refused(with("eps.bin", 1024 + 4, -1.0f), "norm eps must be a positive number");
+  EXPECT_EQ(read_checkpoint_config(good).n_layer, a.config().n_layer);
 }
 
 TEST(Checkpoint, FailedSaveLeavesNoFile) {

@@ -1,6 +1,8 @@
 // The OpenMP paths: the small gradient-check shapes stay below the parallel threshold, so here
 // every layer runs on shapes above it with 1 and with 2 threads. Results must be bit-identical
-// (no atomics, fixed summation orders), except the BLAS GEMMs, which only need to agree closely.
+// (no atomics, fixed summation orders), except the BLAS GEMMs: OpenBLAS splits their sums by
+// thread count and processor, so they must agree within what any summation order guarantees
+// (gemm_bound.h).
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -9,6 +11,7 @@
 #include <omp.h>
 #endif
 
+#include "gemm_bound.h"
 #include "grad_check.h"
 #include "nn/adamw.h"
 #include "nn/layers.h"
@@ -20,28 +23,36 @@ using namespace ft::nn::testing;
 
 constexpr int64_t kB = 4, kT = 64, kC = 256, kV = 300;
 
-// Runs `compute` (which returns its outputs) with 1 and 2 threads and compares the outputs.
-void expect_thread_count_independent(const std::function<std::vector<Tensor>()>& compute,
-                                     double tol = 0.0) {
+// Runs `compute` (which returns its outputs) with 1 and 2 threads; returns both sets.
+struct ThreadRuns {
+  std::vector<Tensor> one, two;
+};
+ThreadRuns run_with_one_and_two_threads(const std::function<std::vector<Tensor>()>& compute) {
+  ThreadRuns r;
 #ifdef _OPENMP
   const int saved = omp_get_max_threads();
   omp_set_num_threads(1);
-  const std::vector<Tensor> one = compute();
+  r.one = compute();
   omp_set_num_threads(2);
-  const std::vector<Tensor> two = compute();
+  r.two = compute();
   omp_set_num_threads(saved);
-  ASSERT_EQ(one.size(), two.size());
-  for (size_t i = 0; i < one.size(); ++i) {
-    EXPECT_TRUE(all_finite(two[i])) << "output " << i;
-    if (tol == 0.0) {
-      EXPECT_EQ(max_abs_diff(one[i], two[i]), 0.0) << "output " << i;
-    } else {
-      EXPECT_LT(relative_error(two[i], one[i]), tol) << "output " << i;
-    }
+#else
+  (void)compute;
+#endif
+  return r;
+}
+
+// Runs `compute` with 1 and 2 threads and expects bit-identical outputs.
+void expect_thread_count_independent(const std::function<std::vector<Tensor>()>& compute) {
+#ifdef _OPENMP
+  const ThreadRuns r = run_with_one_and_two_threads(compute);
+  ASSERT_EQ(r.one.size(), r.two.size());
+  for (size_t i = 0; i < r.one.size(); ++i) {
+    EXPECT_TRUE(all_finite(r.two[i])) << "output " << i;
+    EXPECT_EQ(max_abs_diff(r.one[i], r.two[i]), 0.0) << "output " << i;
   }
 #else
   (void)compute;
-  (void)tol;
   GTEST_SKIP() << "built without OpenMP";
 #endif
 }
@@ -69,17 +80,35 @@ TEST(Threads, Embedding) {
 }
 
 TEST(Threads, Linear) {
-  const Tensor x = randn({kB, kT, kC}, 5, DType::bf16), w = randn({160, kC}, 6, DType::bf16);
-  const Tensor b = randn({160}, 7, DType::bf16), dout = randn({kB, kT, 160}, 8, DType::bf16);
-  expect_thread_count_independent(
-      [&] {
-        Tensor out = poisoned({kB, kT, 160}, DType::bf16), dx = poisoned(x.shape(), DType::bf16);
-        linear_forward(out, x, w, b);
-        Tensor dw = Tensor::zeros(w.shape(), DType::f32), db = Tensor::zeros({160}, DType::f32);
-        linear_backward(dx, dw, db, dout, x, w);
-        return std::vector<Tensor>{out, dx, dw, db};
-      },
-      1e-6);
+#ifndef _OPENMP
+  GTEST_SKIP() << "built without OpenMP";
+#endif
+  constexpr int64_t kOC = 160, kN = kB * kT;
+  const Tensor x = randn({kB, kT, kC}, 5, DType::bf16), w = randn({kOC, kC}, 6, DType::bf16);
+  const Tensor b = randn({kOC}, 7, DType::bf16), dout = randn({kB, kT, kOC}, 8, DType::bf16);
+  const ThreadRuns r = run_with_one_and_two_threads([&] {
+    Tensor out = poisoned({kB, kT, kOC}, DType::bf16), dx = poisoned(x.shape(), DType::bf16);
+    linear_forward(out, x, w, b);
+    Tensor dw = Tensor::zeros(w.shape(), DType::f32), db = Tensor::zeros({kOC}, DType::f32);
+    linear_backward(dx, dw, db, dout, x, w);
+    return std::vector<Tensor>{out, dx, dw, db};
+  });
+  ASSERT_EQ(r.one.size(), 4u);
+  ASSERT_EQ(r.two.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_TRUE(all_finite(r.two[i])) << "output " << i;
+  // The GEMMs: out = x w^T + b (IC products and the bias per element), dx = dout w (OC
+  // products), dw = dout^T x (N products, into zeros), each bound by its sums of |terms|.
+  const Tensor x2 = x.view({kN, kC}), d2 = dout.view({kN, kOC});
+  Tensor out_abs = abs_product(x2, false, w, true);
+  const Tensor b64 = b.to(DType::f64);
+  for (int64_t n = 0; n < kN; ++n)
+    for (int64_t o = 0; o < kOC; ++o)
+      out_abs.data<double>()[n * kOC + o] += std::fabs(b64.data<double>()[o]);
+  expect_same_gemm_result(r.one[0], r.two[0], out_abs, kC + 1, "out");
+  expect_same_gemm_result(r.one[1], r.two[1], abs_product(d2, false, w, false), kOC, "dx");
+  expect_same_gemm_result(r.one[2], r.two[2], abs_product(d2, true, x2, false), kN, "dw");
+  // db is our own column sum in a fixed order: bit-identical.
+  EXPECT_EQ(max_abs_diff(r.one[3], r.two[3]), 0.0) << "db";
 }
 
 TEST(Threads, Norms) {

@@ -113,6 +113,9 @@ TEST_F(TokenizerFileTest, BadFiles) {
   expect_error(path("short.bin"), "truncated at token 3");
   write_tokenizer(path("long.bin"), 20240328, 2, 1, tokens, 2);
   expect_error(path("long.bin"), "trailing bytes");
+  // A vocabulary the file cannot hold is refused before the token table is allocated.
+  write_tokenizer(path("huge.bin"), 20240328, 2, 0, tokens, 2000000000);
+  expect_error(path("huge.bin"), "vocab size 2000000000 does not fit the file (1034 bytes");
   write_tokenizer(path("empty.bin"), 20240328, 2, 0, {"a", ""});
   expect_error(path("empty.bin"), "token 1 has length 0");
   write_tokenizer(path("header.bin"), 20240328, 2, 0, {});

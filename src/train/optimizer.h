@@ -1,0 +1,36 @@
+// The optimizer step of training, as one object, so that everything that steps a model (the
+// trainer, `flashtrain debug-step` and with it tests/torch_parity.py) runs the same path:
+// the global gradient norm (nn::global_grad_norm: fp64, independent of the thread count),
+// clipping to grad_clip (scale = grad_clip / norm when the norm is larger), then AdamW over every
+// parameter in one nn::adamw_update_all call (one multi-tensor kernel on the GPU), which also
+// refreshes the compute copies (bf16 weights). The moments live in the model's Parameters, so the
+// resume state saves and restores them; they are allocated, zero, on the first step.
+#pragma once
+
+#include <cstdint>
+
+#include "models/transformer.h"
+#include "nn/adamw.h"
+
+namespace ft::train {
+
+struct OptimizerStep {
+  double grad_norm = 0.0;   // before clipping
+  double grad_scale = 1.0;  // what the gradients were multiplied by (clipping), <= 1
+};
+
+class Optimizer {
+ public:
+  // grad_clip <= 0: no clipping. The model must outlive the optimizer.
+  Optimizer(models::Transformer& model, const nn::AdamWConfig& adamw, double grad_clip);
+
+  // One update from the gradients the model holds; step is 1-based (bias correction).
+  OptimizerStep step(int64_t step, double lr);
+
+ private:
+  models::Transformer& model_;
+  nn::AdamWConfig adamw_;
+  double grad_clip_;
+};
+
+}  // namespace ft::train
