@@ -1,5 +1,7 @@
 // `flashtrain train`: flags -> TrainConfig -> ft::train::train().
+#include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include "commands.h"
 #include "core/device.h"
@@ -15,7 +17,15 @@ struct TrainFlags {
   std::string dtype = "fp32", device = "auto", attention = "naive";
   int64_t layers = 0, width = 0, heads = 0, kv_heads = 0, vocab = 0, context = 0;
   bool list_models = false, rope_scaling = false;
+  CLI::App* cmd = nullptr;  // to tell a flag given on the command line from its default
 };
+
+// A shape override given on the command line: it must be >= 1.
+std::optional<int64_t> override_flag(const CLI::App& cmd, const char* flag, int64_t value) {
+  if (cmd.count(flag) == 0) return std::nullopt;
+  FT_CHECK(value >= 1, flag, " must be >= 1, got ", value);
+  return value;
+}
 
 Device resolve_device(const std::string& flag, std::ostream& out) {
   if (flag == "cpu") return Device::cpu;
@@ -39,14 +49,18 @@ void run(TrainFlags& f) {
     return;
   }
   train::TrainConfig& c = f.config;
-  auto positive = [](int64_t v) { return v > 0 ? std::optional<int64_t>(v) : std::nullopt; };
-  c.overrides.layers = positive(f.layers);
-  c.overrides.width = positive(f.width);
-  c.overrides.heads = positive(f.heads);
-  c.overrides.kv_heads = positive(f.kv_heads);
-  c.overrides.vocab = positive(f.vocab);
-  c.overrides.context = positive(f.context);
+  const CLI::App& cmd = *f.cmd;
+  c.overrides.layers = override_flag(cmd, "--layers", f.layers);
+  c.overrides.width = override_flag(cmd, "--width", f.width);
+  c.overrides.heads = override_flag(cmd, "--heads", f.heads);
+  c.overrides.kv_heads = override_flag(cmd, "--kv-heads", f.kv_heads);
+  c.overrides.vocab = override_flag(cmd, "--vocab", f.vocab);
+  c.overrides.context = override_flag(cmd, "--context", f.context);
   if (f.rope_scaling) c.overrides.rope_scaling = true;
+  FT_CHECK(c.load_path.empty() || cmd.count("--model") == 0, "--load ", c.load_path,
+           " takes the model from the checkpoint; --model ", c.model, " would be ignored");
+  FT_CHECK(cmd.count("--tokenizer") == 0 || std::filesystem::exists(c.tokenizer), "--tokenizer ",
+           c.tokenizer, ": no such file");
   c.dtype = parse_dtype(f.dtype);
   c.device = resolve_device(f.device, std::cout);
   c.attention.impl = attention::parse_impl(f.attention);
@@ -138,6 +152,7 @@ void add_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--sample-tokens", c.sample_tokens, "Tokens per generated sample")
       ->capture_default_str();
+  flags->cmd = cmd;
   cmd->callback([flags]() { run(*flags); });
 }
 

@@ -7,10 +7,12 @@
 #include "core/atomic_file.h"
 
 #include <cctype>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <vector>
 
 namespace ft::npy {
@@ -105,7 +107,10 @@ uint32_t read_header_length(std::ifstream& in, int major, const std::string& pat
 
 }  // namespace
 
-Tensor load(const std::string& path) {
+namespace {
+
+// Opens a .npy file and reads its header; the stream is left at the first data byte.
+std::ifstream open_array(const std::string& path, Header& header) {
   std::ifstream in(path, std::ios::binary);
   FT_CHECK(in.good(), path, ": cannot open .npy file");
   char magic[kMagicSize + 2] = {};
@@ -121,16 +126,61 @@ Tensor load(const std::string& path) {
   in.read(dict.data(), header_length);
   FT_CHECK(in.gcount() == static_cast<std::streamsize>(header_length), path,
            ": truncated .npy file (header of ", header_length, " bytes is cut short)");
-  const Header header = parse_header(dict, path);
+  header = parse_header(dict, path);
   FT_CHECK(!header.fortran_order, path,
            ": Fortran-order arrays are not supported; save a C-order array "
            "(numpy.ascontiguousarray)");
+  return in;
+}
+
+}  // namespace
+
+Tensor load(const std::string& path) {
+  Header header;
+  std::ifstream in = open_array(path, header);
   const DType dtype = dtype_from_descr(header.descr, path);
   Tensor t = Tensor::empty(header.shape, dtype);
   in.read(static_cast<char*>(t.raw()), static_cast<std::streamsize>(t.nbytes()));
   FT_CHECK(in.gcount() == static_cast<std::streamsize>(t.nbytes()), path,
            ": truncated .npy file: shape ", shape_str(header.shape), " needs ", t.nbytes(),
            " data bytes, found ", in.gcount());
+  return t;
+}
+
+Tensor load_ids(const std::string& path) {
+  Header header;
+  std::ifstream in = open_array(path, header);
+  if (header.descr == "<i4") {
+    Tensor t = Tensor::empty(header.shape, DType::i32);
+    in.read(static_cast<char*>(t.raw()), static_cast<std::streamsize>(t.nbytes()));
+    FT_CHECK(in.gcount() == static_cast<std::streamsize>(t.nbytes()), path,
+             ": truncated .npy file: shape ", shape_str(header.shape), " needs ", t.nbytes(),
+             " data bytes, found ", in.gcount());
+    return t;
+  }
+  FT_CHECK(header.descr == "<i8", path,
+           ": token ids must be integers ('<i4' int32 or '<i8' "
+           "int64), got .npy dtype '",
+           header.descr, "'");
+  const int64_t n = shape_numel(header.shape);
+  // The size is checked against the file before anything of that size is allocated.
+  const std::streamoff data_start = in.tellg();
+  in.seekg(0, std::ios::end);
+  const std::streamoff available = in.tellg() - data_start;
+  in.seekg(data_start);
+  FT_CHECK(available >= 0 && available / 8 >= n, path, ": truncated .npy file: shape ",
+           shape_str(header.shape), " needs ", n * 8, " data bytes, found ", available);
+  std::vector<int64_t> wide(static_cast<size_t>(n));
+  in.read(reinterpret_cast<char*>(wide.data()), static_cast<std::streamsize>(n * 8));
+  FT_CHECK(in.good() || n == 0, path, ": read failed");
+  Tensor t = Tensor::empty(header.shape, DType::i32);
+  int32_t* out = t.data<int32_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t v = wide[static_cast<size_t>(i)];
+    FT_CHECK(v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max(),
+             path, ": id ", v, " at index ", i, " does not fit in int32");
+    out[i] = static_cast<int32_t>(v);
+  }
   return t;
 }
 

@@ -11,6 +11,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "core/memory.h"
+#include "core/output_path.h"
 #include "models/checkpoint.h"
 #include "nn/adamw.h"
 #include "train/data_loader.h"
@@ -42,17 +43,51 @@ int64_t accumulation_steps(const TrainConfig& c) {
   return total / per_micro;
 }
 
+bool finite_at_least(double v, double lo) {
+  return std::isfinite(v) && v >= lo;
+}
+
+// Every setting in its range, before any work: a bad value is an error naming the flag, never a
+// failure many steps later.
 void check_config(const TrainConfig& c, const models::ModelConfig& m) {
-  FT_CHECK(c.batch_size >= 1, "batch size must be >= 1, got ", c.batch_size);
-  FT_CHECK(c.seq_len >= 1, "seq len must be >= 1, got ", c.seq_len);
+  FT_CHECK(c.batch_size >= 1, "--batch-size must be >= 1, got ", c.batch_size);
+  FT_CHECK(c.seq_len >= 1, "--seq-len must be >= 1, got ", c.seq_len);
   FT_CHECK(c.seq_len <= m.max_seq_len, "seq len ", c.seq_len, " exceeds the context of ", m.name,
            " (", m.max_seq_len, "); use a shorter --seq-len or --context");
+  FT_CHECK(c.total_batch_size >= 0, "--total-batch-size must be >= 0 (0: one micro-batch), got ",
+           c.total_batch_size);
   FT_CHECK(c.steps >= 1, "steps must be >= 1, got ", c.steps);
   FT_CHECK(c.lr > 0 && std::isfinite(c.lr), "lr must be a positive number, got ", c.lr);
   FT_CHECK(c.warmup >= 0, "warmup must be >= 0, got ", c.warmup);
+  FT_CHECK(std::isfinite(c.min_lr_fraction) && c.min_lr_fraction >= 0 && c.min_lr_fraction <= 1,
+           "--min-lr-frac must be in [0, 1] (the decay ends at this fraction of --lr), got ",
+           c.min_lr_fraction);
+  FT_CHECK(finite_at_least(c.adamw.weight_decay, 0),
+           "--weight-decay must be a finite number >= 0, got ", c.adamw.weight_decay);
+  FT_CHECK(std::isfinite(c.adamw.beta1) && c.adamw.beta1 >= 0 && c.adamw.beta1 < 1 &&
+               std::isfinite(c.adamw.beta2) && c.adamw.beta2 >= 0 && c.adamw.beta2 < 1,
+           "AdamW betas must be in [0, 1), got ", c.adamw.beta1, " and ", c.adamw.beta2);
+  FT_CHECK(std::isfinite(c.adamw.eps) && c.adamw.eps > 0, "AdamW eps must be > 0, got ",
+           c.adamw.eps);
+  FT_CHECK(finite_at_least(c.grad_clip, 0),
+           "--grad-clip must be a finite number >= 0 (0: off), got ", c.grad_clip);
   FT_CHECK(c.val_steps >= 1, "val steps must be >= 1, got ", c.val_steps);
+  FT_CHECK(c.eval_every >= 0, "--eval-every must be >= 0 (0: after the last step only), got ",
+           c.eval_every);
+  FT_CHECK(c.sample_every >= 0, "--sample-every must be >= 0 (0: no samples during training), got ",
+           c.sample_every);
+  FT_CHECK(c.sample_tokens >= 0, "--sample-tokens must be >= 0, got ", c.sample_tokens);
+  FT_CHECK(c.save_every >= 0, "--save-every must be >= 0 (0: at the end only), got ", c.save_every);
+  FT_CHECK(c.save_every == 0 || !c.save_path.empty(), "--save-every ", c.save_every,
+           " needs --save PATH (where to save)");
+  FT_CHECK(c.attention.window >= 0, "--window must be >= 0 (0: none), got ", c.attention.window);
+  FT_CHECK(c.attention.global_every >= 0, "--global-every must be >= 0 (0: none), got ",
+           c.attention.global_every);
   FT_CHECK(c.dtype == DType::f32 || c.dtype == DType::bf16, "dtype must be fp32 or bf16, got ",
            dtype_name(c.dtype));
+  FT_CHECK(c.load_path.empty() || !c.overrides.any(), "--load ", c.load_path,
+           " takes the model shape from the checkpoint; ", c.overrides.describe(),
+           " would be ignored (drop the override, or train the new shape without --load)");
   accumulation_steps(c);
 }
 
@@ -140,6 +175,14 @@ models::ModelConfig resolve_model_config(const TrainConfig& c) {
 TrainSummary train(const TrainConfig& c, std::ostream& out) {
   const models::ModelConfig mc = resolve_model_config(c);
   check_config(c, mc);
+  // Outputs are checked before any work, so that no run is lost to a path found bad at its end.
+  if (!c.save_path.empty()) check_writable_file(c.save_path, "--save");
+  if (!c.log_path.empty()) check_writable_file(c.log_path, "--log");
+  std::optional<Tokenizer> tokenizer;
+  if (std::filesystem::exists(c.tokenizer)) tokenizer.emplace(c.tokenizer);
+  FT_CHECK(tokenizer || c.sample_every == 0, "--sample-every ", c.sample_every,
+           " needs the tokenizer file to print samples, but '", c.tokenizer,
+           "' does not exist (pass --tokenizer PATH)");
   set_tf32(c.tf32);
   const int64_t accum = accumulation_steps(c);
   const int64_t tokens_per_step = c.batch_size * c.seq_len * accum;
@@ -286,10 +329,8 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
       summary.losses.push_back(loss);
       summary.steps_run = step;
       if (c.save_every > 0 && step % c.save_every == 0 && !last) save(step);
-      if (c.sample_every > 0 && step % c.sample_every == 0 && !last && !c.quiet &&
-          std::filesystem::exists(c.tokenizer)) {
-        out << "sample: " << generate(model, Tokenizer(c.tokenizer), c.sample_tokens, c.seed, eot)
-            << "\n";
+      if (c.sample_every > 0 && step % c.sample_every == 0 && !last && !c.quiet && tokenizer) {
+        out << "sample: " << generate(model, *tokenizer, c.sample_tokens, c.seed, eot) << "\n";
       }
     }
   } catch (const OutOfMemory& e) {
@@ -307,8 +348,8 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
   summary.mean_step_ms = timed_steps ? timed_ms / static_cast<double>(timed_steps) : 0.0;
   summary.tokens_per_second =
       summary.mean_step_ms > 0 ? tokens_per_step / (summary.mean_step_ms / 1000.0) : 0.0;
-  if (std::filesystem::exists(c.tokenizer) && c.sample_tokens > 0) {
-    summary.sample = generate(model, Tokenizer(c.tokenizer), c.sample_tokens, c.seed, eot);
+  if (tokenizer && c.sample_tokens > 0) {
+    summary.sample = generate(model, *tokenizer, c.sample_tokens, c.seed, eot);
   }
   out << "\n== summary ==\n"
       << "steps " << summary.steps_run << " | final train loss " << summary.final_train_loss;
