@@ -16,10 +16,12 @@
 #include "nn/adamw.h"
 #include "train/data_loader.h"
 #include "train/documents.h"
+#include "train/generate.h"
 #include "train/schedule.h"
 #include "train/step_log.h"
 #include "train/tokenizer.h"
 #include "train/train_state.h"
+#include "train/utf8.h"
 
 namespace ft::train {
 namespace {
@@ -133,36 +135,19 @@ double evaluate(models::Transformer& model, DataLoader& loader, int64_t max_batc
   return sum / static_cast<double>(n);
 }
 
-std::string generate(models::Transformer& model, const Tokenizer& tokenizer, int64_t n_tokens,
-                     uint64_t seed, std::optional<int32_t> eot) {
-  Rng rng(seed);
-  std::vector<int32_t> tokens = {tokenizer.eot_token()};
-  const int64_t context = model.config().max_seq_len;
-  std::vector<float> probs;
+// A sample from the end-of-text token (KV cache, temperature 1), as whole UTF-8 characters.
+std::string sample_text(models::Transformer& model, const Tokenizer& tokenizer, int64_t n_tokens,
+                        uint64_t seed, std::optional<int32_t> eot) {
+  GenerateOptions o;
+  o.tokens = n_tokens;
+  o.seed = seed;
+  o.doc_eot = eot;
+  Utf8Decoder utf8;  // tokens may split characters: only whole ones are printed
   std::string text;
-  for (int64_t i = 0; i < n_tokens; ++i) {
-    const int64_t start = static_cast<int64_t>(tokens.size()) > context
-                              ? static_cast<int64_t>(tokens.size()) - context
-                              : 0;
-    const int64_t t = static_cast<int64_t>(tokens.size()) - start;
-    Tensor input = Tensor::empty({1, t}, DType::i32);
-    for (int64_t j = 0; j < t; ++j)
-      input.data<int32_t>()[j] = tokens[static_cast<size_t>(start + j)];
-    model.forward_logits(input, segments_for(input, eot));
-    nn::softmax_row(probs, model.logits(), t - 1, model.config().vocab_size, 1.0);
-    double u = rng.uniform(), cdf = 0.0;
-    int32_t next = static_cast<int32_t>(probs.size()) - 1;
-    for (size_t v = 0; v < probs.size(); ++v) {
-      cdf += probs[v];
-      if (u < cdf) {
-        next = static_cast<int32_t>(v);
-        break;
-      }
-    }
-    tokens.push_back(next);
-    if (next < tokenizer.vocab_size()) text += tokenizer.decode(next);
-  }
-  return text;
+  generate_tokens(model, {tokenizer.eot_token()}, o, [&](int32_t id) {
+    if (id < tokenizer.vocab_size()) text += utf8.push(tokenizer.decode(id));
+  });
+  return text + utf8.finish();
 }
 
 }  // namespace
@@ -183,6 +168,12 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
   FT_CHECK(tokenizer || c.sample_every == 0, "--sample-every ", c.sample_every,
            " needs the tokenizer file to print samples, but '", c.tokenizer,
            "' does not exist (pass --tokenizer PATH)");
+  // Samples start from the end-of-text token: the model must have it.
+  const bool can_sample = tokenizer && tokenizer->eot_token() < mc.vocab_size;
+  FT_CHECK(can_sample || c.sample_every == 0,
+           "--sample-every: samples start from the tokenizer's "
+           "end-of-text id, which is outside the model's vocabulary [0, ",
+           mc.vocab_size, ")");
   set_tf32(c.tf32);
   const int64_t accum = accumulation_steps(c);
   const int64_t tokens_per_step = c.batch_size * c.seq_len * accum;
@@ -329,8 +320,10 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
       summary.losses.push_back(loss);
       summary.steps_run = step;
       if (c.save_every > 0 && step % c.save_every == 0 && !last) save(step);
-      if (c.sample_every > 0 && step % c.sample_every == 0 && !last && !c.quiet && tokenizer) {
-        out << "sample: " << generate(model, *tokenizer, c.sample_tokens, c.seed, eot) << "\n";
+      if (c.sample_every > 0 && step % c.sample_every == 0 && !last && can_sample) {
+        const std::string sample = sample_text(model, *tokenizer, c.sample_tokens, c.seed, eot);
+        if (!c.quiet) out << "sample: " << sample << "\n";
+        log.write({{"event", "sample"}, {"step", step}, {"text", sample}});
       }
     }
   } catch (const OutOfMemory& e) {
@@ -348,8 +341,8 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
   summary.mean_step_ms = timed_steps ? timed_ms / static_cast<double>(timed_steps) : 0.0;
   summary.tokens_per_second =
       summary.mean_step_ms > 0 ? tokens_per_step / (summary.mean_step_ms / 1000.0) : 0.0;
-  if (tokenizer && c.sample_tokens > 0) {
-    summary.sample = generate(model, *tokenizer, c.sample_tokens, c.seed, eot);
+  if (can_sample && c.sample_tokens > 0) {
+    summary.sample = sample_text(model, *tokenizer, c.sample_tokens, c.seed, eot);
   }
   out << "\n== summary ==\n"
       << "steps " << summary.steps_run << " | final train loss " << summary.final_train_loss;
@@ -361,6 +354,7 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
   out.flush();
   log.write({{"event", "summary"},
              {"steps", summary.steps_run},
+             {"sample", summary.sample},
              {"final_train_loss", summary.final_train_loss},
              {"final_val_loss", summary.final_val_loss},
              {"tok_per_s", summary.tokens_per_second},
