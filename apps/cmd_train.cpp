@@ -6,6 +6,7 @@
 #include "commands.h"
 #include "core/device.h"
 #include "core/error.h"
+#include "device_flag.h"
 #include "models/config.h"
 #include "train/trainer.h"
 
@@ -25,20 +26,6 @@ std::optional<int64_t> override_flag(const CLI::App& cmd, const char* flag, int6
   if (cmd.count(flag) == 0) return std::nullopt;
   FT_CHECK(value >= 1, flag, " must be >= 1, got ", value);
   return value;
-}
-
-Device resolve_device(const std::string& flag, std::ostream& out) {
-  if (flag == "cpu") return Device::cpu;
-  if (flag == "cuda") {
-    FT_CHECK(cuda_device_count() > 0, "--device cuda: ", cuda_unavailable_reason());
-    return Device::cuda;
-  }
-  if (cuda_device_count() > 0 && cuda_training_supported()) return Device::cuda;
-  if (cuda_device_count() > 0) {
-    out << "note: a GPU is present, but this build trains on the CPU only (the CUDA training "
-           "backend is not built yet)\n";
-  }
-  return Device::cpu;
 }
 
 void run(TrainFlags& f) {

@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
       "and tune those kernels"};
   app.require_subcommand(1);
   ft::cli::add_train_command(app);
+  ft::cli::add_generate_command(app);
   ft::cli::add_attention_command(app);
   ft::cli::add_debug_step_command(app);
   ft::cli::add_compare_loss_command(app);
