@@ -4,19 +4,43 @@
 #include <filesystem>
 #include <fstream>
 
-#include <nlohmann/json.hpp>
-
 #include "core/atomic_file.h"
 #include "core/error.h"
 
 namespace ft::train {
 namespace {
 
-constexpr char kMagic[8] = {'F', 'T', 'S', 'T', 'A', 'T', 'E', '1'};
+constexpr char kMagic[8] = {'F', 'T', 'S', 'T', 'A', 'T', 'E', '2'};
+constexpr char kMagicFormat1[8] = {'F', 'T', 'S', 'T', 'A', 'T', 'E', '1'};
 
 void ensure_moments(models::Parameter& p) {
   if (!p.m.defined()) p.m = Tensor::zeros(p.master.shape(), p.master.dtype(), p.master.device());
   if (!p.v.defined()) p.v = Tensor::zeros(p.master.shape(), p.master.dtype(), p.master.device());
+}
+
+// Opens a state file and parses its header; the stream is left at the first tensor.
+std::ifstream open_state(const std::string& path, nlohmann::json& header) {
+  std::ifstream in(path, std::ios::binary);
+  FT_CHECK(in.good(), path,
+           ": cannot open resume state (written by --save next to the checkpoint)");
+  char magic[8] = {};
+  uint64_t length = 0;
+  in.read(magic, sizeof magic);
+  FT_CHECK(!in.good() || std::memcmp(magic, kMagicFormat1, sizeof magic) != 0, path,
+           ": a resume state of format 1, written by an earlier flashtrain; it does not record "
+           "the schedule, seed and data of its run, so this version cannot check a resume "
+           "against it (start the run again, or resume it with the flashtrain that wrote it)");
+  FT_CHECK(in.good() && std::memcmp(magic, kMagic, sizeof magic) == 0, path,
+           ": not a flashtrain resume state (bad magic)");
+  in.read(reinterpret_cast<char*>(&length), sizeof length);
+  FT_CHECK(in.good(), path, ": truncated resume state header");
+  FT_CHECK(length < (1u << 30), path, ": corrupt resume state header length ", length);
+  std::string text(length, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(length));
+  FT_CHECK(in.good(), path, ": truncated resume state header");
+  header = nlohmann::json::parse(text, nullptr, false);
+  FT_CHECK(!header.is_discarded() && header.is_object(), path, ": corrupt resume state header");
+  return in;
 }
 
 }  // namespace
@@ -24,8 +48,9 @@ void ensure_moments(models::Parameter& p) {
 void save_train_state(const std::string& path, const models::Transformer& model,
                       const TrainState& state) {
   nlohmann::json header;
+  header["format"] = kTrainStateFormat;
   header["step"] = state.step;
-  header["fingerprint"] = state.fingerprint;
+  header["run"] = state.run;
   header["loader"] = {{"shard", state.loader.shard},
                       {"position", state.loader.position},
                       {"rng_state", state.loader.rng_state},
@@ -51,38 +76,41 @@ void save_train_state(const std::string& path, const models::Transformer& model,
   file.commit();
 }
 
-TrainState load_train_state(const std::string& path, models::Transformer& model,
-                            const std::string& expected_fingerprint) {
-  std::ifstream in(path, std::ios::binary);
-  FT_CHECK(in.good(), path,
-           ": cannot open resume state (written by --save next to the checkpoint)");
-  char magic[8] = {};
-  uint64_t length = 0;
-  in.read(magic, sizeof magic);
-  in.read(reinterpret_cast<char*>(&length), sizeof length);
-  FT_CHECK(in.good() && std::memcmp(magic, kMagic, sizeof magic) == 0, path,
-           ": not a flashtrain resume state (bad magic)");
-  FT_CHECK(length < (1u << 30), path, ": corrupt resume state header length ", length);
-  std::string text(length, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(length));
-  FT_CHECK(in.good(), path, ": truncated resume state header");
-  const nlohmann::json header = nlohmann::json::parse(text, nullptr, false);
-  FT_CHECK(!header.is_discarded(), path, ": corrupt resume state header");
+TrainState read_train_state(const std::string& path) {
+  nlohmann::json header;
+  open_state(path, header);
+  TrainState state;
+  try {
+    state.step = header.at("step").get<int64_t>();
+    state.run = header.at("run");
+    const auto& loader = header.at("loader");
+    state.loader.shard = loader.at("shard").get<int64_t>();
+    state.loader.position = loader.at("position").get<int64_t>();
+    state.loader.rng_state = loader.at("rng_state").get<uint64_t>();
+    state.loader.epoch = loader.at("epoch").get<int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(str(path, ": corrupt resume state header (", e.what(), ")"));
+  }
+  FT_CHECK(state.step >= 0 && state.run.is_object(), path, ": corrupt resume state header");
+  return state;
+}
 
-  const std::string fingerprint = header.value("fingerprint", "");
-  FT_CHECK(fingerprint == expected_fingerprint, path,
-           ": written for a different run:\n  state: ", fingerprint,
-           "\n  now:   ", expected_fingerprint);
+void load_train_state(const std::string& path, models::Transformer& model) {
+  nlohmann::json header;
+  std::ifstream in = open_state(path, header);
   FT_CHECK(header.value("master_dtype", "") == dtype_name(model.master_dtype()), path,
            ": master weights are ", header.value("master_dtype", "?"), ", the model keeps ",
            dtype_name(model.master_dtype()));
+  FT_CHECK(header.contains("params") && header["params"].is_array(), path,
+           ": corrupt resume state header (no parameter list)");
   const auto& params = header.at("params");
   FT_CHECK(params.size() == model.parameters().size(), path, ": holds ", params.size(),
            " parameters, the model has ", model.parameters().size());
   for (size_t i = 0; i < params.size(); ++i) {
     models::Parameter& p = model.parameters()[i];
-    FT_CHECK(params[i].at("name") == p.name && params[i].at("shape") == p.master.shape(), path,
-             ": parameter ", i, " is ", params[i].dump(), ", the model has ", p.name, " ",
+    FT_CHECK(params[i].value("name", "") == p.name && params[i].contains("shape") &&
+                 params[i]["shape"] == p.master.shape(),
+             path, ": parameter ", i, " is ", params[i].dump(), ", the model has ", p.name, " ",
              shape_str(p.master.shape()));
     ensure_moments(p);
     for (Tensor* t : {&p.master, &p.m, &p.v}) {
@@ -95,16 +123,6 @@ TrainState load_train_state(const std::string& path, models::Transformer& model,
   }
   in.peek();
   FT_CHECK(in.eof(), path, ": resume state has trailing bytes (not written for this model)");
-
-  TrainState state;
-  state.step = header.at("step").get<int64_t>();
-  state.fingerprint = fingerprint;
-  const auto& loader = header.at("loader");
-  state.loader.shard = loader.at("shard").get<int64_t>();
-  state.loader.position = loader.at("position").get<int64_t>();
-  state.loader.rng_state = loader.at("rng_state").get<uint64_t>();
-  state.loader.epoch = loader.at("epoch").get<int64_t>();
-  return state;
 }
 
 }  // namespace ft::train

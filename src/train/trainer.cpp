@@ -17,6 +17,8 @@
 #include "train/data_loader.h"
 #include "train/documents.h"
 #include "train/generate.h"
+#include "train/run_record.h"
+#include "train/saved_run.h"
 #include "train/schedule.h"
 #include "train/step_log.h"
 #include "train/tokenizer.h"
@@ -93,17 +95,6 @@ void check_config(const TrainConfig& c, const models::ModelConfig& m) {
   accumulation_steps(c);
 }
 
-std::string fingerprint(const TrainConfig& c, const models::ModelConfig& m, int64_t accum) {
-  models::ModelConfig shape = m;
-  shape.name = "model";  // a checkpoint header names the file, not the preset
-  std::string s =
-      str(shape.describe(), " | dtype ", dtype_name(c.dtype), " | batch ", c.batch_size, "x",
-          c.seq_len, " x", accum, " | attention ", attention::impl_name(c.attention.impl));
-  // Named only when on, so states written before the flag existed still resume.
-  if (c.doc_mask) s += " | doc mask";
-  return s + str(" | data ", std::filesystem::path(c.train_data).filename().string());
-}
-
 // The end-of-text id that --doc-mask splits documents at: the tokenizer file's (llm.c's shards
 // and samples use the same one). The model must be able to see it in the data.
 int32_t doc_mask_eot_token(const TrainConfig& c, const models::ModelConfig& m) {
@@ -158,6 +149,13 @@ models::ModelConfig resolve_model_config(const TrainConfig& c) {
 }
 
 TrainSummary train(const TrainConfig& c, std::ostream& out) {
+  // A save that an interrupt cut short is finished (or its temporary files removed) first.
+  std::vector<std::string> notes;
+  for (const std::string* path : {&c.load_path, &c.resume_path, &c.save_path}) {
+    if (path->empty()) continue;
+    const std::string note = recover_saved_run(*path);
+    if (!note.empty()) notes.push_back(note);
+  }
   const models::ModelConfig mc = resolve_model_config(c);
   check_config(c, mc);
   // Outputs are checked before any work, so that no run is lost to a path found bad at its end.
@@ -195,15 +193,21 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
   } else {
     model.init_weights(c.seed);
   }
-  const std::string run_fingerprint = fingerprint(c, mc, accum);
+  const nlohmann::json record = make_run_record(c, mc, accum, train_loader, val_loader.get());
   int64_t first_step = 1;
+  std::vector<std::string> resume_changes;
   if (!c.resume_path.empty()) {
-    const TrainState state = load_train_state(c.resume_path + ".state", model, run_fingerprint);
+    const std::string state_path = c.resume_path + ".state";
+    const TrainState state = read_train_state(state_path);
+    resume_changes =
+        check_resume(state.run, record, state.step, c.allow_schedule_change, state_path);
+    FT_CHECK(state.step < c.steps, c.resume_path, " already completed ", state.step,
+             " steps; --steps ", c.steps, " leaves nothing to do");
+    load_train_state(state_path, model);
     train_loader.restore(state.loader);
     first_step = state.step + 1;
-    FT_CHECK(first_step <= c.steps, c.resume_path, " already completed ", state.step,
-             " steps; --steps ", c.steps, " leaves nothing to do");
   }
+  const bool resumed = first_step > 1;
 
   out << "model:     " << mc.describe() << "\n"
       << "run:       " << device_name(c.device) << ", " << dtype_name(c.dtype) << ", attention "
@@ -219,28 +223,44 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
       << "data:      " << c.train_data << " (" << train_loader.num_tokens() << " tokens)";
   if (val_loader) out << ", val " << c.val_data << " (" << val_loader->num_tokens() << " tokens)";
   out << "\n";
-  if (first_step > 1)
+  if (resumed) {
     out << "resumed:   from " << c.resume_path << " after step " << first_step - 1 << "\n";
+    for (const std::string& change : resume_changes) out << "           " << change << "\n";
+  }
+  for (const std::string& note : notes) out << "note:      " << note << "\n";
   out.flush();
 
-  JsonLog log = c.log_path.empty() ? JsonLog() : JsonLog(c.log_path);
-  log.write({{"event", "run"},
-             {"model", mc.name},
-             {"family", models::family_name(mc.family)},
-             {"parameters", mc.num_parameters()},
-             {"dtype", dtype_name(c.dtype)},
-             {"device", device_name(c.device)},
-             {"attention", attention::impl_name(c.attention.impl)},
-             {"window", c.attention.window},
-             {"global_every", c.attention.global_every},
-             {"doc_mask", c.doc_mask},
-             {"batch_size", c.batch_size},
-             {"seq_len", c.seq_len},
-             {"tokens_per_step", tokens_per_step},
-             {"steps", c.steps},
-             {"seed", c.seed}});
+  // A resumed run continues its log: a {"event": "resume"} line, then its steps.
+  std::error_code ec;
+  const bool log_continues =
+      resumed && !c.log_path.empty() && std::filesystem::file_size(c.log_path, ec) > 0 && !ec;
+  JsonLog log = c.log_path.empty() ? JsonLog() : JsonLog(c.log_path, resumed);
+  if (!log_continues) {
+    log.write({{"event", "run"},
+               {"model", mc.name},
+               {"family", models::family_name(mc.family)},
+               {"parameters", mc.num_parameters()},
+               {"dtype", dtype_name(c.dtype)},
+               {"device", device_name(c.device)},
+               {"attention", attention::impl_name(c.attention.impl)},
+               {"window", c.attention.window},
+               {"global_every", c.attention.global_every},
+               {"doc_mask", c.doc_mask},
+               {"batch_size", c.batch_size},
+               {"seq_len", c.seq_len},
+               {"tokens_per_step", tokens_per_step},
+               {"steps", c.steps},
+               {"seed", c.seed}});
+  }
+  if (resumed) {
+    log.write({{"event", "resume"},
+               {"step", first_step - 1},
+               {"steps", c.steps},
+               {"from", c.resume_path},
+               {"changes", resume_changes}});
+  }
 
-  const LrSchedule schedule{c.lr, c.warmup, c.steps, c.min_lr_fraction};
+  const LrSchedule schedule{c.lr, c.warmup, c.steps, c.min_lr_fraction, c.lr_decay};
   std::vector<Tensor> grads;
   for (const models::Parameter& p : model.parameters()) grads.push_back(p.grad);
 
@@ -248,11 +268,15 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
   double timed_ms = 0.0;
   int64_t timed_steps = 0;
   Tensor x, y;
-  auto save = [&](int64_t step) {
-    if (c.save_path.empty()) return;
-    models::save_checkpoint(c.save_path, model, c.dtype);
-    save_train_state(c.save_path + ".state", model, {step, train_loader.state(), run_fingerprint});
+  int64_t saved_step = -1;
+  // The checkpoint and its resume state, as one unit (train/saved_run.h).
+  auto save = [&](int64_t done) {
+    if (c.save_path.empty() || saved_step == done) return;
+    save_run(c.save_path, model, c.dtype, {done, train_loader.state(), record});
+    saved_step = done;
   };
+  const auto loop_start = Clock::now();
+  bool interrupted = false;
 
   // A failure inside the loop is recorded in the log before it propagates, so that the log of
   // a run that stopped says why: {"event": "error", "step", "kind", "message"}, kind
@@ -301,6 +325,11 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
       r.peak_used_mb = to_mb(mem.peak_used_bytes);
       r.peak_reserved_mb = to_mb(mem.peak_reserved_bytes);
       r.attention_saved_mb = to_mb(model.attention_saved_bytes());
+      const double elapsed_s = elapsed_ms(loop_start) / 1000.0;
+      r.elapsed_s = elapsed_s;
+      r.eta_s = elapsed_s / static_cast<double>(step - first_step + 1) *
+                static_cast<double>(c.steps - step);
+      r.tokens_seen = step * tokens_per_step;
       if (step > first_step || c.steps == first_step) {
         timed_ms += ms;
         ++timed_steps;
@@ -325,6 +354,10 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
         if (!c.quiet) out << "sample: " << sample << "\n";
         log.write({{"event", "sample"}, {"step", step}, {"text", sample}});
       }
+      if (!last && c.stop_requested != nullptr && c.stop_requested->load()) {
+        interrupted = true;
+        break;
+      }
     }
   } catch (const OutOfMemory& e) {
     log_failure("out_of_memory", e.what());
@@ -336,20 +369,30 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
     log_failure("error", e.what());
     throw;
   }
-  save(c.steps);
+  const int64_t done = interrupted ? step : c.steps;
+  save(done);
+  summary.interrupted = interrupted;
 
   summary.mean_step_ms = timed_steps ? timed_ms / static_cast<double>(timed_steps) : 0.0;
   summary.tokens_per_second =
       summary.mean_step_ms > 0 ? tokens_per_step / (summary.mean_step_ms / 1000.0) : 0.0;
-  if (can_sample && c.sample_tokens > 0) {
+  if (can_sample && c.sample_tokens > 0 && !interrupted) {
     summary.sample = sample_text(model, *tokenizer, c.sample_tokens, c.seed, eot);
   }
   out << "\n== summary ==\n"
       << "steps " << summary.steps_run << " | final train loss " << summary.final_train_loss;
   if (summary.final_val_loss >= 0) out << " | final val loss " << summary.final_val_loss;
   out << " | " << static_cast<int64_t>(summary.tokens_per_second) << " tok/s | "
-      << summary.mean_step_ms << " ms/step (mean over " << timed_steps << " steps)\n";
-  if (!c.save_path.empty()) out << "saved:     " << c.save_path << " (+ .state for --resume)\n";
+      << summary.mean_step_ms << " ms/step (mean over " << timed_steps << " steps) | "
+      << done * tokens_per_step << " tokens | " << elapsed_ms(loop_start) / 1000.0 << " s\n";
+  if (!c.save_path.empty()) {
+    out << "saved:     " << c.save_path << " (+ .state for --resume) after step " << done << "\n";
+  }
+  if (interrupted) {
+    out << "interrupted: stopped after step " << done << " of " << c.steps;
+    if (!c.save_path.empty()) out << "; continue with --resume " << c.save_path;
+    out << "\n";
+  }
   if (!summary.sample.empty()) out << "sample:\n" << summary.sample << "\n";
   out.flush();
   log.write({{"event", "summary"},
@@ -359,6 +402,12 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
              {"final_val_loss", summary.final_val_loss},
              {"tok_per_s", summary.tokens_per_second},
              {"mean_step_ms", summary.mean_step_ms}});
+  if (interrupted) {
+    log.write({{"event", "interrupted"},
+               {"step", done},
+               {"steps", c.steps},
+               {"saved", c.save_path.empty() ? nlohmann::json() : nlohmann::json(c.save_path)}});
+  }
   return summary;
 }
 
