@@ -19,6 +19,7 @@
 #include "models/transformer.h"
 #include "train/bpe.h"
 #include "train/generate.h"
+#include "train/saved_run.h"
 #include "train/tokenizer.h"
 #include "train/utf8.h"
 
@@ -49,6 +50,9 @@ void run(GenerateFlags& f) {
            "--prompt and --prompt-file both given; pass one");
   o.kv_cache = !f.no_kv_cache;
 
+  // A save an interrupt cut short after its commit point is finished first (train/saved_run.h).
+  const std::string note = train::recover_saved_run(f.load_path);
+  if (!note.empty()) std::fprintf(stderr, "note: %s\n", note.c_str());
   const models::ModelConfig mc = models::read_checkpoint_config(f.load_path);
   const std::string prompt = f.prompt_file.empty() ? f.prompt : read_text_file(f.prompt_file);
   const train::Tokenizer tokenizer(f.tokenizer);

@@ -37,6 +37,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   ft::cli::add_train_command(app);
   ft::cli::add_generate_command(app);
+  ft::cli::add_prepare_data_command(app);
   ft::cli::add_attention_command(app);
   ft::cli::add_debug_step_command(app);
   ft::cli::add_compare_loss_command(app);

@@ -9,6 +9,8 @@
 namespace ft::train {
 namespace {
 
+constexpr size_t kMaxCachedPieces = 1 << 20;
+
 struct CodePointRange {
   char32_t lo, hi;
 };
@@ -152,6 +154,7 @@ void Gpt2Encoder::encode_piece(std::string_view piece, std::vector<int32_t>& out
                                    : rank_.at(std::string(part)));
   }
   out.insert(out.end(), ids.begin(), ids.end());
+  if (cache_.size() >= kMaxCachedPieces) cache_.clear();  // a large corpus: keep memory bounded
   cache_.emplace(std::string(piece), std::move(ids));
 }
 

@@ -35,15 +35,16 @@ class Gpt2Encoder {
   // Ordinary text (invalid UTF-8 is first replaced by U+FFFD); "<|endoftext|>" in the text is
   // encoded as ordinary characters.
   std::vector<int32_t> encode(std::string_view text);
+  // Appends the ids of one piece of gpt2_pretokenize(); encode() is this over every piece (for
+  // callers that report progress through a long text).
+  void encode_piece(std::string_view piece, std::vector<int32_t>& out);
   int32_t eot_token() const { return eot_; }
 
  private:
-  void encode_piece(std::string_view piece, std::vector<int32_t>& out);
-
   std::unordered_map<std::string, int32_t> rank_;  // token bytes -> id (eot excluded)
   int32_t byte_token_[256] = {};
   int32_t eot_ = 0;
-  std::unordered_map<std::string, std::vector<int32_t>> cache_;  // piece -> ids
+  std::unordered_map<std::string, std::vector<int32_t>> cache_;  // piece -> ids (bounded)
 };
 
 }  // namespace ft::train

@@ -14,6 +14,7 @@
 
 #include "test_util.h"
 #include "train/bpe.h"
+#include "train/corpus.h"
 #include "train/data_loader.h"
 #include "train/tokenizer.h"
 
@@ -123,6 +124,32 @@ TEST(Gpt2Encoder, PretokeniserSplitsAsTheRegexModule) {
 TEST(Gpt2Encoder, InvalidUtf8IsReplacedNotRejected) {
   Gpt2Encoder e = encoder();
   EXPECT_EQ(e.encode("a\xff"), e.encode("a\xEF\xBF\xBD"));
+}
+
+// prepare_corpus reports progress through its input: bytes done rise to the total, and the
+// counts at the end are the summary's.
+TEST(Corpus, ReportsProgressUpToTheWholeInput) {
+  test::TempDir dir;
+  for (const char* name : {"a.txt", "b.txt", "c.txt"}) {
+    std::ofstream(dir.file(name)) << std::string(3000, 'x') + " and some words " + name;
+  }
+  CorpusOptions o;
+  o.inputs = {dir.file("a.txt"), dir.file("b.txt"), dir.file("c.txt")};
+  o.out_dir = dir.file("out");
+  o.val_tokens = 10;
+  Gpt2Encoder e = encoder();
+  std::vector<CorpusProgress> seen;
+  const CorpusSummary s = prepare_corpus(o, e, [&](const CorpusProgress& p) { seen.push_back(p); });
+  ASSERT_EQ(seen.size(), 3u);  // after each file
+  for (size_t i = 1; i < seen.size(); ++i) EXPECT_GT(seen[i].bytes_done, seen[i - 1].bytes_done);
+  EXPECT_EQ(seen.back().bytes_done, seen.back().bytes_total);
+  EXPECT_EQ(seen.back().bytes_total, 3 * 3016 + 3 * 5);
+  EXPECT_EQ(seen.back().documents, 3);
+  EXPECT_EQ(seen.back().tokens, s.tokens);
+  EXPECT_EQ(s.documents, 3);
+  ASSERT_EQ(s.shards.size(), 2u);
+  EXPECT_EQ(s.shards[0].second, 10);
+  EXPECT_EQ(s.shards[0].second + s.shards[1].second, s.tokens);
 }
 
 }  // namespace
