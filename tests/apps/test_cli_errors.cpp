@@ -136,5 +136,20 @@ TEST(CliErrors, AttentionChecksInputsAndOutputsBeforeComputing) {
   EXPECT_TRUE(fs::exists(dir.file("out/o.npy")));
 }
 
+// Commands whose output comes at the end check its path first.
+TEST(CliErrors, ReportAndSweepOutputsAreCheckedFirst) {
+  const test::CommandResult sweep =
+      test::run_cli("sweep --dry-run --arch sm90 --json /proc/flashtrain_no_dir/sweep.json");
+  EXPECT_EQ(sweep.exit_code, 1) << sweep.output;
+  EXPECT_EQ(sweep.output.rfind("error: --json /proc/flashtrain_no_dir/sweep.json", 0), 0u)
+      << sweep.output;
+  const test::CommandResult summarize = test::run_cli(
+      "summarize tests/fixtures/report/ours_base tests/fixtures/report/ours_flash --csv "
+      "/proc/flashtrain_no_dir/s.csv");
+  EXPECT_EQ(summarize.exit_code, 2) << summarize.output;
+  EXPECT_EQ(summarize.output.rfind("error: --csv /proc/flashtrain_no_dir/s.csv", 0), 0u)
+      << summarize.output;
+}
+
 }  // namespace
 }  // namespace ft
