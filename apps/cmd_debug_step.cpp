@@ -84,7 +84,10 @@ double adamw_step(models::Transformer& model, const DebugStepFlags& f, Device de
 void run(const DebugStepFlags& f) {
   FT_CHECK(f.steps >= 0, "--steps must be >= 0, got ", f.steps);
   FT_CHECK(f.lr >= 0 && std::isfinite(f.lr), "--lr must be a finite number >= 0, got ", f.lr);
-  FT_CHECK(f.grad_clip >= 0, "--grad-clip must be >= 0 (0: off), got ", f.grad_clip);
+  FT_CHECK(f.grad_clip >= 0 && std::isfinite(f.grad_clip),
+           "--grad-clip must be a finite number >= 0 (0: off), got ", f.grad_clip);
+  FT_CHECK(f.adamw.weight_decay >= 0 && std::isfinite(f.adamw.weight_decay),
+           "--weight-decay must be a finite number >= 0, got ", f.adamw.weight_decay);
   const Device device = f.device == "cuda" ? Device::cuda : Device::cpu;
   if (device == Device::cuda) {
     FT_CHECK(cuda_device_count() > 0, "--device cuda: ", cuda_unavailable_reason());

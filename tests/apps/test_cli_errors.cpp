@@ -136,6 +136,23 @@ TEST(CliErrors, AttentionChecksInputsAndOutputsBeforeComputing) {
   EXPECT_TRUE(fs::exists(dir.file("out/o.npy")));
 }
 
+TEST(CliErrors, OtherCommandsRangeCheckTheirFlags) {
+  expect_one_error_line(
+      "compare-loss tests/fixtures/report/ours_base tests/fixtures/report/ours_flash "
+      "--threshold-fp32 -1",
+      "--threshold-fp32");
+  expect_one_error_line(
+      "compare-loss tests/fixtures/report/ours_base tests/fixtures/report/ours_flash "
+      "--threshold-bf16 nan",
+      "--threshold-bf16");
+  expect_one_error_line(
+      "debug-step --load x.bin --tokens x.npy --targets y.npy --out-dir o --weight-decay nan",
+      "--weight-decay must be a finite number >= 0");
+  expect_one_error_line(
+      "debug-step --load x.bin --tokens x.npy --targets y.npy --out-dir o --grad-clip inf",
+      "--grad-clip");
+}
+
 // Commands whose output comes at the end check its path first.
 TEST(CliErrors, ReportAndSweepOutputsAreCheckedFirst) {
   const test::CommandResult sweep =
