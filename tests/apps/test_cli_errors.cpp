@@ -28,7 +28,8 @@ void expect_one_error_line(const std::string& args, const std::string& needle) {
   EXPECT_NE(r.output.find(needle), std::string::npos) << args << "\n" << r.output;
 }
 
-const std::string kQuick = "--batch-size 1 --seq-len 8 --val-data '' --sample-tokens 0 ";
+const std::string kQuick =
+    "--device cpu --batch-size 1 --seq-len 8 --val-data '' --sample-tokens 0 ";
 
 TEST(CliErrors, ParseErrorsAreOneErrorLineAndExit1) {
   expect_one_error_line("train --bogus", "--bogus");

@@ -101,7 +101,7 @@ TEST(PrepareDataCli, DirectoriesAndJsonLinesBecomeDocumentsThatTrain) {
   }
   EXPECT_EQ(got, want);
   // The shards train (a glob over the numbered ones).
-  run_ok("train --train-data '" + out + "/mix_train_*.bin' --val-data '" + out +
+  run_ok("train --device cpu --train-data '" + out + "/mix_train_*.bin' --val-data '" + out +
          "/mix_val.bin' --batch-size 1 --seq-len 16 --steps 2 --val-steps 1 --sample-tokens 0");
 }
 

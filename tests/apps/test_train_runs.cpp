@@ -58,11 +58,12 @@ TEST(TrainSamples, AreValidUtf8OnAPipeAndInTheLog) {
   const std::string log = dir.file("run.jsonl"), ckpt = dir.file("ck.bin");
   const int64_t tokens = 300;
   const uint64_t seed = 3;
-  const std::string train = std::string("'") + FLASHTRAIN_CLI +
-                            "' train --batch-size 1 --seq-len 8 --steps 2 --val-data '' "
-                            "--sample-every 1 --sample-tokens " +
-                            std::to_string(tokens) + " --seed " + std::to_string(seed) +
-                            " --save '" + ckpt + "' --log '" + log + "'";
+  const std::string train =
+      std::string("'") + FLASHTRAIN_CLI +
+      "' train --device cpu --batch-size 1 --seq-len 8 --steps 2 --val-data '' "
+      "--sample-every 1 --sample-tokens " +
+      std::to_string(tokens) + " --seed " + std::to_string(seed) + " --save '" + ckpt +
+      "' --log '" + log + "'";
   const test::CommandResult r =
       test::run_shell(train + " | tee '" + dir.file("out.txt") +
                       "' | python3 -c \"import sys; sys.stdin.buffer.read().decode('utf-8')\"");
@@ -102,7 +103,8 @@ TEST(TrainSamples, AreValidUtf8OnAPipeAndInTheLog) {
 // ---- resume ----
 
 // Small, fast runs; a constant schedule unless a test says otherwise.
-const std::string kRun = "train --batch-size 2 --seq-len 16 --val-data '' --sample-tokens 0 ";
+const std::string kRun =
+    "train --device cpu --batch-size 2 --seq-len 16 --val-data '' --sample-tokens 0 ";
 
 std::vector<double> losses_of(const std::string& log) {
   const train::RunLog r = train::read_run_log(log);
@@ -179,9 +181,10 @@ TEST(TrainResume, RefusesWhatWouldChangeTheLosses) {
   expect_refused(resume + "--steps 20 --shuffle", {"different run", "shuffle: false -> true"});
   expect_refused(resume + "--steps 20 --weight-decay 0", {"weight_decay: 0.1 -> 0.0"});
   expect_refused(resume + "--steps 20 --grad-clip 0.5", {"grad_clip: 1.0 -> 0.5"});
-  expect_refused("train --batch-size 4 --seq-len 16 --val-data '' --sample-tokens 0 --resume '" +
-                     ck + "' --steps 20",
-                 {"batch_size: 2 -> 4"});
+  expect_refused(
+      "train --device cpu --batch-size 4 --seq-len 16 --val-data '' --sample-tokens 0 --resume '" +
+          ck + "' --steps 20",
+      {"batch_size: 2 -> 4"});
   expect_refused(resume + "--steps 20 --dtype bf16", {"dtype: fp32 -> bf16"});
 
   const std::string log = dir.file("longer.jsonl");
@@ -329,7 +332,8 @@ TEST(TrainInterrupt, ASecondSignalExitsAtOnce) {
   test::TempDir dir;
   const std::string log = dir.file("run.jsonl");
   Background run(
-      "train --batch-size 8 --seq-len 256 --val-data '' --sample-tokens 0 --steps 100000 "
+      "train --device cpu --batch-size 8 --seq-len 256 --val-data '' --sample-tokens 0 --steps "
+      "100000 "
       "--save '" +
           dir.file("ck.bin") + "' --log '" + log + "'",
       dir.file("out.txt"));
