@@ -41,7 +41,14 @@ Tensor load_float_input(const std::string& flag, const std::string& path, DType 
 
 // int32 or int64 ids [B, S] for queries q [B, S, Hq, D].
 Tensor load_segment_ids(const std::string& path, const Tensor& q) {
-  Tensor t = npy::load_ids(path);
+  Tensor t;
+  try {
+    t = npy::load(path);
+  } catch (const Error&) {
+    t = npy::load_ids(path);  // int64 ('<i8') is no tensor dtype: read as int32, range-checked
+  }
+  FT_CHECK(t.dtype() == DType::i32, "--segment-ids ", path, " has dtype ", dtype_name(t.dtype()),
+           "; expected int32 or int64");
   FT_CHECK(t.ndim() == 2 && q.ndim() == 4 && t.dim(0) == q.dim(0) && t.dim(1) == q.dim(1),
            "--segment-ids ", path, " has shape ", shape_str(t.shape()), "; expected [B, S] = [",
            q.ndim() == 4 ? q.dim(0) : 0, ", ", q.ndim() == 4 ? q.dim(1) : 0, "] for --q ",

@@ -135,6 +135,32 @@ TEST(CliErrors, AttentionChecksInputsAndOutputsBeforeComputing) {
   const test::CommandResult ok = test::run_cli(base + "--out-dir '" + dir.file("out") + "'");
   EXPECT_EQ(ok.exit_code, 0) << ok.output;
   EXPECT_TRUE(fs::exists(dir.file("out/o.npy")));
+  // Segment ids as NumPy's default int64 give what the same ids as int32 give.
+  std::string dict = "{'descr': '<i8', 'fortran_order': False, 'shape': (1, 8), }";
+  while ((10 + dict.size() + 1) % 64 != 0) dict += ' ';
+  dict += '\n';
+  {
+    std::ofstream out(dir.file("seg64.npy"), std::ios::binary);
+    out.write("\x93NUMPY\x01\x00", 8);
+    const char len[2] = {static_cast<char>(dict.size()), 0};
+    out.write(len, 2);
+    out << dict;
+    for (int64_t t = 0; t < 8; ++t) {
+      const int64_t id = t < 3 ? 0 : 1;
+      out.write(reinterpret_cast<const char*>(&id), 8);
+    }
+  }
+  Tensor seg32 = Tensor::empty({1, 8}, DType::i32);
+  for (int64_t t = 0; t < 8; ++t) seg32.data<int32_t>()[t] = t < 3 ? 0 : 1;
+  npy::save(dir.file("seg32.npy"), seg32);
+  for (const char* seg : {"seg64", "seg32"}) {
+    const test::CommandResult r =
+        test::run_cli(base + "--causal --segment-ids '" + dir.file(std::string(seg) + ".npy") +
+                      "' --out-dir '" + dir.file(seg) + "'");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  EXPECT_EQ(max_abs_diff(npy::load(dir.file("seg64/o.npy")), npy::load(dir.file("seg32/o.npy"))),
+            0.0);
 }
 
 TEST(CliErrors, OtherCommandsRangeCheckTheirFlags) {
