@@ -25,7 +25,7 @@ struct AttentionOptions {
   std::string q, k, v, dout, segment_ids, out_dir;
   std::string impl = "flash", device = "cpu", dtype = "fp32";
   std::string config;  // CUDA flash kernel config; empty: the device's default
-  bool causal = false, check = false;
+  bool causal = false, check = false, deterministic = false;
   int64_t window = 0;
   double scale = 0.0;
 };
@@ -137,7 +137,8 @@ void run_attention(const AttentionOptions& opt) {
   mask.causal = opt.causal;
   mask.window = opt.window;
   mask.has_segments = segments.defined();
-  const attention::Problem problem = attention::make_problem(q, k, v, mask, opt.scale);
+  attention::Problem problem = attention::make_problem(q, k, v, mask, opt.scale);
+  problem.deterministic = opt.deterministic;
   const Tensor dout = opt.dout.empty() ? Tensor{} : load_float_input("do", opt.dout, dtype);
   FT_CHECK(!dout.defined() || dout.shape() == q.shape(), "--do ", opt.dout, " has shape ",
            shape_str(dout.shape()), "; it must have the shape of --q ", shape_str(q.shape()));
@@ -231,6 +232,9 @@ void add_attention_command(CLI::App& app) {
                   "fp32 or bf16 (float32 inputs are rounded to bf16); reference computes in fp64")
       ->capture_default_str();
   cmd->add_flag("--causal", opt->causal, "causal mask: key <= query");
+  cmd->add_flag("--deterministic", opt->deterministic,
+                "backward with bit-identical dq, dk, dv on every run (bf16 flash on the GPU: the "
+                "tma backward, sm90)");
   cmd->add_option("--window", opt->window, "sliding window W: key >= query - (W - 1); 0 = none")
       ->capture_default_str();
   cmd->add_option("--scale", opt->scale, "score scale; 0 means 1/sqrt(D)")->capture_default_str();

@@ -171,6 +171,9 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--global-every", c.attention.global_every,
                   "With --window: every N-th layer attends fully (0: none)")
       ->capture_default_str();
+  cmd->add_flag("--deterministic", c.attention.deterministic,
+                "Attention backward with bit-identical results on every run (the GPU's bf16 "
+                "flash backward then adds its dQ parts in a fixed order: the tma path, sm90)");
   cmd->add_flag("--doc-mask", c.doc_mask,
                 "Attend only within each document of a packed row: a document starts at each "
                 "end-of-text token (id from --tokenizer), in every layer, also for val loss and "

@@ -13,6 +13,8 @@
 // --config may be given several times (or as a ';' list): each configuration is timed on every
 // case, the first one being "ours" in the comparison table. A direction whose kernels a
 // configuration cannot run (can_implement) gets a row with the reason instead of timings.
+// --deterministic also times each configuration's backward in deterministic mode (a row of its
+// own, "<config> deterministic"), so the mode's cost is printed beside the default.
 //
 // Method (DESIGN.md): CUDA events on ft::cuda::current_stream() around every call, after
 // --warmup calls and at least --warmup-ms of them; median, min and max of --iters calls. Inputs
@@ -66,6 +68,7 @@ struct Options {
   std::string dtype = "bf16";
   std::string dirs = "both";         // fwd, bwd or both
   std::vector<std::string> configs;  // none: default_config() of the device for the case
+  bool deterministic = false;        // also time each flash backward in deterministic mode
   int warmup = 5, iters = 20, max_sets = 64;
   double warmup_ms = 300.0;    // and keep warming up until this much time has passed
   double naive_max_gib = 2.0;  // auto runs naive when one set's probabilities fit in this
@@ -244,6 +247,7 @@ json base_row(const CaseSpec& c, const Problem& p, Impl impl, const char* dir, i
               {"head_dim", p.head_dim},
               {"dtype", dtype_name(p.dtype)},
               {"mask", p.mask.describe()},
+              {"deterministic", p.deterministic},
               {"window", c.window},
               {"docs", c.docs},
               {"pairs", pairs},
@@ -302,8 +306,8 @@ std::vector<InputSet> make_input_sets(const Problem& p, int count) {
 // "" for the device's default): a row each, with the error text in place of timings when a
 // call throws or can_implement refuses the direction.
 void run_impl(const CaseSpec& c, const Problem& p, Impl impl, const std::string& text,
-              const std::vector<InputSet>& sets, const Tensor& seg_gpu, int64_t pairs,
-              Context& ctx) {
+              const std::vector<InputSet>& sets, const Tensor& seg_gpu, int64_t pairs, Context& ctx,
+              bool backward_only = false) {
   const KernelConfig* config = nullptr;
   KernelConfig flash_config;
   std::string config_text;
@@ -312,7 +316,7 @@ void run_impl(const CaseSpec& c, const Problem& p, Impl impl, const std::string&
     try {
       const KernelConfig base = default_config(ctx.limits, p);
       flash_config = text.empty() ? base : KernelConfig::parse(text, base);
-      config_text = flash_config.str();
+      config_text = flash_config.str() + (p.deterministic ? " deterministic" : "");
       config = &flash_config;
     } catch (const std::exception& e) {
       for (const char* dir : {"fwd", "bwd"}) {
@@ -330,6 +334,7 @@ void run_impl(const CaseSpec& c, const Problem& p, Impl impl, const std::string&
   std::vector<ForwardOutput> saved;
   for (const char* dir : {"fwd", "bwd"}) {
     if (ctx.opt.dirs != "both" && ctx.opt.dirs != dir) continue;
+    if (backward_only && std::string(dir) == "fwd") continue;
     json row = base_row(c, p, impl, dir, pairs, ctx);
     row["input_sets"] = n;
     if (config) row["config"] = config_text;
@@ -401,13 +406,20 @@ void run_case(const CaseSpec& c, Context& ctx) {
   std::fprintf(stderr, "%s: %s, %lld attended pairs, %d input set(s)\n", c.name.c_str(),
                p.describe().c_str(), static_cast<long long>(pairs), count);
   const std::vector<InputSet> sets = make_input_sets(p, count);
+  // With --deterministic each flash configuration's backward is timed a second time in
+  // deterministic mode (its own row, "... deterministic" in the config column).
+  Problem deterministic = p;
+  deterministic.deterministic = true;
+  const bool also_deterministic = ctx.opt.deterministic && ctx.opt.dirs != "fwd";
   for (Impl impl : impls_for(ctx.opt, p)) {
-    if (impl != Impl::flash || ctx.opt.configs.empty()) {
-      run_impl(c, p, impl, "", sets, seg_gpu, pairs, ctx);
-      continue;
-    }
-    for (const std::string& text : ctx.opt.configs) {
+    const std::vector<std::string> texts = impl != Impl::flash || ctx.opt.configs.empty()
+                                               ? std::vector<std::string>{""}
+                                               : ctx.opt.configs;
+    for (const std::string& text : texts) {
       run_impl(c, p, impl, text, sets, seg_gpu, pairs, ctx);
+      if (impl == Impl::flash && also_deterministic) {
+        run_impl(c, deterministic, impl, text, sets, seg_gpu, pairs, ctx, true);
+      }
     }
   }
 }
@@ -509,6 +521,9 @@ int main(int argc, char** argv) {
                  "(parts left out keep the device default); repeat it, or separate with ';', to "
                  "time several (the first is 'ours' in the table)")
       ->delimiter(';');
+  app.add_flag("--deterministic", opt.deterministic,
+               "also time each flash backward in deterministic mode (bit-identical dq, dk, dv; "
+               "the tma backward only): its own row beside the default");
   app.add_option("--warmup", opt.warmup, "untimed calls first")->capture_default_str();
   app.add_option("--warmup-ms", opt.warmup_ms,
                  "and untimed calls until this many milliseconds have passed (settled clocks)")

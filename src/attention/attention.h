@@ -43,6 +43,10 @@ struct Problem {
   DType dtype = DType::f32;  // of q, k, v, o, do, dq, dk, dv: fp32 or bf16 (fp64 for reference)
   double scale = 0.0;        // 0 means 1 / sqrt(head_dim)
   Mask mask;
+  // Backward: the same inputs give bit-identical dq, dk, dv on every run. The CPU and fp32 CUDA
+  // paths always do; the bf16 CUDA flash backward does on the tma path (sm90), which then adds
+  // the dQ parts in a fixed order (at a cost); the other bf16 paths refuse it.
+  bool deterministic = false;
 
   double effective_scale() const;
   int64_t group_size() const { return q_heads / kv_heads; }

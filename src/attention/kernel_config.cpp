@@ -44,6 +44,8 @@ const char* backward_path_name(BackwardPath path) {
       return "double";
     case BackwardPath::wgmma:
       return "wgmma";
+    case BackwardPath::tma:
+      return "tma";
   }
   return "?";
 }
@@ -52,11 +54,13 @@ BackwardPath parse_backward_path(const std::string& s) {
   if (s == "single") return BackwardPath::single;
   if (s == "double") return BackwardPath::double_buffered;
   if (s == "wgmma") return BackwardPath::wgmma;
-  throw Error(str("unknown backward path '", s, "' (allowed: single, double, wgmma)"));
+  if (s == "tma") return BackwardPath::tma;
+  throw Error(str("unknown backward path '", s, "' (allowed: single, double, wgmma, tma)"));
 }
 
 std::vector<BackwardPath> all_backward_paths() {
-  return {BackwardPath::single, BackwardPath::double_buffered, BackwardPath::wgmma};
+  return {BackwardPath::single, BackwardPath::double_buffered, BackwardPath::wgmma,
+          BackwardPath::tma};
 }
 
 std::vector<BackwardPath> mma_backward_paths() {
@@ -106,11 +110,11 @@ int config_number(const std::ssub_match& digits, const std::string& text) {
 KernelConfig KernelConfig::parse(const std::string& text, const KernelConfig& base) {
   static const std::regex fwd_re(
       R"(^fwd=(\d+)x(\d+)/(\d+)(?:/(mma|wgmma|tma))?(?:/s(\d+))?(?:/(pp|nopp))?$)");
-  static const std::regex bwd_re(R"(^bwd=(\d+)x(\d+)/(\d+)(?:/(single|double|wgmma))?$)");
+  static const std::regex bwd_re(R"(^bwd=(\d+)x(\d+)/(\d+)(?:/(single|double|wgmma|tma))?$)");
   const std::string expected =
       "expected 'fwd=MxN/THREADS[/FPATH] bwd=MxN/THREADS/PATH', e.g. 'fwd=128x64/128 "
       "bwd=64x64/128/double' (either part may be left out; FPATH: mma (default), wgmma, or "
-      "tma[/sSTAGES][/pp|/nopp] (default /s2/pp); PATH: single, double or wgmma)";
+      "tma[/sSTAGES][/pp|/nopp] (default /s2/pp); PATH: single, double, wgmma or tma)";
   KernelConfig c = base;
   std::istringstream words(text);
   std::string word;
@@ -239,7 +243,20 @@ int64_t forward_smem_bytes(const KernelConfig& c, int64_t head_dim) {
   return plan != nullptr ? plan->smem_bytes() : 0;
 }
 
+const TmaBackwardPlan* find_tma_backward_plan(const TileConfig& t, int64_t head_dim) {
+  for (const TmaBackwardPlan& plan : kTmaBackwardPlans) {
+    if (plan.head_dim == head_dim && plan.block_m == t.block_m && plan.block_n == t.block_n) {
+      return &plan;
+    }
+  }
+  return nullptr;
+}
+
 int64_t backward_smem_bytes(const TileConfig& t, BackwardPath path, int64_t head_dim) {
+  if (path == BackwardPath::tma) {
+    const TmaBackwardPlan* plan = find_tma_backward_plan(t, head_dim);
+    return plan != nullptr ? plan->smem_bytes() : 0;
+  }
   const int64_t stages = path == BackwardPath::single ? 1 : 2;
   const int64_t m = t.block_m, n = t.block_n;
   // K and V (bf16) once; Q and dO (bf16) with lse and D (fp32) per stage; dS (bf16).
@@ -278,6 +295,19 @@ const std::vector<int64_t>& tma_head_dims() {
   return dims;
 }
 
+const std::vector<int64_t>& tma_backward_head_dims() {
+  static const std::vector<int64_t> dims = [] {
+    std::vector<int64_t> out;
+    for (const TmaBackwardPlan& plan : kTmaBackwardPlans) {
+      if (std::find(out.begin(), out.end(), plan.head_dim) == out.end()) {
+        out.push_back(plan.head_dim);
+      }
+    }
+    return out;
+  }();
+  return dims;
+}
+
 const CompiledKernels& compiled_kernels() {
   static const CompiledKernels k = [] {
     CompiledKernels c;
@@ -289,6 +319,14 @@ const CompiledKernels& compiled_kernels() {
 #undef FT_TILE
     for (const TmaForwardPlan& plan : kTmaForwardPlans) {
       if (tma_plan_compiled(plan)) c.tma_forward.push_back(plan);
+    }
+    for (const TmaBackwardPlan& plan : kTmaBackwardPlans) {
+      if (!tma_plan_compiled(plan)) continue;
+      c.tma_backward_plans.push_back(plan);
+      const TileConfig tile{plan.block_m, plan.block_n, plan.threads()};
+      if (std::find(c.tma_backward.begin(), c.tma_backward.end(), tile) == c.tma_backward.end()) {
+        c.tma_backward.push_back(tile);
+      }
     }
     c.head_dims = flash_head_dims();
     c.wgmma_head_dims = wgmma_head_dims();
@@ -323,6 +361,13 @@ std::vector<TileConfig> sweep_backward_tiles(BackwardPath path) {
   // wgmma: query tiles of 64, one warpgroup per 64 keys.
   if (path == BackwardPath::wgmma) return {{64, 64, 128}, {64, 128, 256}};
   std::vector<TileConfig> out;
+  if (path == BackwardPath::tma) {
+    for (const TmaBackwardPlan& plan : kTmaBackwardPlans) {
+      const TileConfig tile{plan.block_m, plan.block_n, plan.threads()};
+      if (std::find(out.begin(), out.end(), tile) == out.end()) out.push_back(tile);
+    }
+    return out;
+  }
   for (const auto& [m, n] : std::vector<std::pair<int, int>>{
            {64, 64}, {64, 128}, {128, 64}, {128, 128}, {192, 64}, {256, 64}}) {
     for (int threads : {128, 256}) out.push_back({m, n, threads});
@@ -431,6 +476,28 @@ std::string tma_forward_reason(const KernelConfig& c, int64_t head_dim) {
   return "";
 }
 
+// tma backward: the tile must be a plan of tma_plans.h for this head dim, with its threads (one
+// producer warpgroup and one consumer warpgroup per 64 keys).
+std::string tma_backward_reason(const TileConfig& t, int64_t head_dim) {
+  const TmaBackwardPlan* plan = find_tma_backward_plan(t, head_dim);
+  if (plan == nullptr) {
+    std::string plans;
+    for (const TmaBackwardPlan& p : kTmaBackwardPlans) {
+      if (p.head_dim != head_dim) continue;
+      plans += (plans.empty() ? "" : ", ") + TileConfig{p.block_m, p.block_n, p.threads()}.str() +
+               "/tma";
+    }
+    return ft::str("backward tile ", t.str(), "/tma: not a tma backward plan for head dim ",
+                   head_dim, plans.empty() ? "" : " (plans: " + plans + ")");
+  }
+  if (t.threads != plan->threads()) {
+    return ft::str("backward tile ", t.str(), "/tma: the plan runs ", plan->threads(),
+                   " threads (a producer warpgroup and ", plan->consumer_groups(),
+                   " consumer warpgroups)");
+  }
+  return "";
+}
+
 std::string smem_reason(const char* which, const std::string& tile, int64_t bytes,
                         const DeviceLimits& d) {
   if (bytes <= d.max_smem_per_block) return "";
@@ -489,16 +556,27 @@ Checks forward_checks(const KernelConfig& c, const Problem& p, const DeviceLimit
 
 Checks backward_checks(const KernelConfig& c, const Problem& p, const DeviceLimits& d) {
   const bool wgmma = c.backward_path == BackwardPath::wgmma;
-  Checks out = {head_dim_reason(wgmma ? "wgmma backward kernels" : "bf16 flash kernels",
-                                wgmma ? wgmma_head_dims() : flash_head_dims(), p.head_dim),
+  const bool tma = c.backward_path == BackwardPath::tma;
+  const std::string name = c.backward_str().substr(4);
+  Checks out = {tma ? head_dim_reason("tma backward kernels", tma_backward_head_dims(), p.head_dim)
+                : wgmma ? head_dim_reason("wgmma backward kernels", wgmma_head_dims(), p.head_dim)
+                        : head_dim_reason("bf16 flash kernels", flash_head_dims(), p.head_dim),
                 threads_reason("backward", c.backward, d.max_threads_per_block),
-                wgmma ? wgmma_backward_layout_reason(c.backward)
-                      : backward_layout_reason(c.backward, p.head_dim),
-                smem_reason("backward tile", c.backward_str().substr(4),
+                tma     ? tma_backward_reason(c.backward, p.head_dim)
+                : wgmma ? wgmma_backward_layout_reason(c.backward)
+                        : backward_layout_reason(c.backward, p.head_dim),
+                smem_reason("backward tile", name,
                             backward_smem_bytes(c.backward, c.backward_path, p.head_dim), d),
                 ""};
-  if (!contains(compiled_kernels().backward_tiles(c.backward_path), c.backward)) {
-    out[4] = not_compiled(ft::str("backward tile ", c.backward.str(), wgmma ? "/wgmma" : ""));
+  const CompiledKernels& k = compiled_kernels();
+  const TmaBackwardPlan* plan = tma ? find_tma_backward_plan(c.backward, p.head_dim) : nullptr;
+  const bool compiled =
+      tma ? plan != nullptr && std::find(k.tma_backward_plans.begin(), k.tma_backward_plans.end(),
+                                         *plan) != k.tma_backward_plans.end()
+          : contains(k.backward_tiles(c.backward_path), c.backward);
+  if (!compiled) {
+    out[4] = not_compiled(
+        ft::str("backward tile ", c.backward.str(), wgmma ? "/wgmma" : (tma ? "/tma" : "")));
   }
   return out;
 }
@@ -516,17 +594,25 @@ std::string can_implement(const KernelConfig& c, const Problem& p, const DeviceL
     return ft::str(d.arch, ": the bf16 flash kernels need sm80 or newer (bf16 mma.sync)");
   }
   const bool hopper_fwd = fwd && c.forward_path != ForwardPath::mma;
-  const bool hopper_bwd = bwd && c.backward_path == BackwardPath::wgmma;
+  const bool hopper_bwd =
+      bwd && (c.backward_path == BackwardPath::wgmma || c.backward_path == BackwardPath::tma);
   if ((hopper_fwd || hopper_bwd) && arch_family(d.compute_capability) != "sm90") {
-    return ft::str(d.arch, ": the ", hopper_fwd ? forward_path_name(c.forward_path) : "wgmma",
-                   " path needs sm90 (Hopper's warpgroup instructions); use an mma path ",
-                   "(forward without /wgmma or /tma, backward single or double)");
+    return ft::str(
+        d.arch, ": the ",
+        hopper_fwd ? forward_path_name(c.forward_path) : backward_path_name(c.backward_path),
+        " path needs sm90 (Hopper's warpgroup instructions); use an mma path ",
+        "(forward without /wgmma or /tma, backward single or double)");
   }
   const Checks f = fwd ? forward_checks(c, p, d) : Checks{};
   const Checks b = bwd ? backward_checks(c, p, d) : Checks{};
   for (size_t i = 0; i < f.size(); ++i) {
     if (!f[i].empty()) return f[i];
     if (!b[i].empty()) return b[i];
+  }
+  if (bwd && p.deterministic && c.backward_path != BackwardPath::tma) {
+    return ft::str("deterministic backward: the bf16 ", backward_path_name(c.backward_path),
+                   " backward adds the dQ parts in any order; only the tma backward (sm90, e.g. "
+                   "bwd=64x128/384/tma) fixes their order (or use fp32)");
   }
   return "";
 }
@@ -594,7 +680,21 @@ KernelConfig default_config(const DeviceLimits& device, int64_t head_dim, MaskCl
 }
 
 KernelConfig default_config(const DeviceLimits& device, const Problem& problem) {
-  return default_config(device, problem.head_dim, mask_class_of(problem.mask));
+  KernelConfig c = default_config(device, problem.head_dim, mask_class_of(problem.mask));
+  // Deterministic mode needs the tma backward (the only bf16 one with a fixed dQ order): where
+  // the default backward is another path and a tma backward plan exists for the head dim, the
+  // first such plan.
+  if (problem.deterministic && c.backward_path != BackwardPath::tma &&
+      arch_family(device.compute_capability) == "sm90") {
+    for (const TmaBackwardPlan& plan : kTmaBackwardPlans) {
+      if (plan.head_dim == problem.head_dim) {
+        c.backward = {plan.block_m, plan.block_n, plan.threads()};
+        c.backward_path = BackwardPath::tma;
+        break;
+      }
+    }
+  }
+  return c;
 }
 
 }  // namespace ft::attention

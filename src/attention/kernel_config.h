@@ -7,7 +7,8 @@
 // (key rows) / threads / path. The forward path is written only when it is not the default
 // (mma): "fwd=128x128/256/wgmma". The tma path also names its ring depth and whether its
 // consumer warpgroups take turns: "fwd=128x128/384/tma/s2/pp" (or "/nopp"); its tiles are the
-// plans of tma_plans.h. The text form is what the CLI, the sweep tables and the default table
+// plans of tma_plans.h. The backward path tma names a backward plan of tma_plans.h by its tile:
+// "bwd=64x128/384/tma". The text form is what the CLI, the sweep tables and the default table
 // use.
 //
 // Everything here is plain C++ (no CUDA): the sweep's --dry-run and the CI tests judge
@@ -33,13 +34,15 @@ const char* forward_path_name(ForwardPath path);  // "mma" | "wgmma" | "tma"
 ForwardPath parse_forward_path(const std::string& s);
 
 // How the backward kernel computes: with mma.sync, loading the query-side tiles (Q, dO, lse, D)
-// of its next iteration in one or two buffers, or with Hopper's wgmma (double-buffered).
+// of its next iteration in one or two buffers, with Hopper's wgmma (double-buffered), or
+// warp-specialised on TMA (the plans of tma_plans.h).
 enum class BackwardPath {
   single,           // mma.sync; one buffer: load, wait, compute
   double_buffered,  // mma.sync; two buffers: the next query tile loads during this one
   wgmma,            // wgmma (sm90 only); two buffers
+  tma,              // sm90 only: a TMA producer warp, two consumer warpgroups, dQ by TMA reductions
 };
-const char* backward_path_name(BackwardPath path);  // "single" | "double" | "wgmma"
+const char* backward_path_name(BackwardPath path);  // "single" | "double" | "wgmma" | "tma"
 BackwardPath parse_backward_path(const std::string& s);
 std::vector<BackwardPath> all_backward_paths();
 // The backward paths of the mma.sync kernels (single, double).
@@ -110,9 +113,12 @@ int64_t forward_smem_bytes(const KernelConfig& config, int64_t head_dim);
 const TmaForwardPlan* find_tma_plan(const KernelConfig& config, int64_t head_dim);
 // `base` with its forward replaced by the plan's tile, threads, stages and turns.
 KernelConfig with_tma_forward(KernelConfig base, const TmaForwardPlan& plan);
-// The head dims of the tma plans.
+// The head dims of the tma plans, forward and backward.
 const std::vector<int64_t>& tma_head_dims();
+const std::vector<int64_t>& tma_backward_head_dims();
 int64_t backward_smem_bytes(const TileConfig& tile, BackwardPath path, int64_t head_dim);
+// The tma backward plan of a tile for a head dim, or null.
+const TmaBackwardPlan* find_tma_backward_plan(const TileConfig& tile, int64_t head_dim);
 
 // The head dims the bf16 kernels are compiled for: every mma.sync kernel, and the wgmma ones.
 const std::vector<int64_t>& flash_head_dims();
@@ -142,6 +148,7 @@ std::string arch_family(int compute_capability);
 // kernel_config.cpp, chosen for sm90 by `flashtrain sweep`; docs/SWEEP.md has the tables).
 KernelConfig default_config(const DeviceLimits& device, int64_t head_dim,
                             MaskClass mask_class = MaskClass::dense);
+// For a problem: its mask class's row; in deterministic mode on sm90 with the tma backward.
 KernelConfig default_config(const DeviceLimits& device, const Problem& problem);
 
 // The compiled kernels: mma.sync forward tiles and backward tiles (each for both of its paths),
@@ -153,6 +160,8 @@ struct CompiledKernels {
   std::vector<TileConfig> wgmma_forward;
   std::vector<TileConfig> wgmma_backward;
   std::vector<TmaForwardPlan> tma_forward;
+  std::vector<TmaBackwardPlan> tma_backward_plans;
+  std::vector<TileConfig> tma_backward;  // the tiles of tma_backward_plans, each once
   std::vector<int64_t> head_dims;
   std::vector<int64_t> wgmma_head_dims;
   bool sweep_set = false;
@@ -162,14 +171,16 @@ struct CompiledKernels {
     return path == ForwardPath::wgmma ? wgmma_forward : forward;
   }
   const std::vector<TileConfig>& backward_tiles(BackwardPath path) const {
-    return path == BackwardPath::wgmma ? wgmma_backward : backward;
+    return path == BackwardPath::wgmma ? wgmma_backward
+                                       : (path == BackwardPath::tma ? tma_backward : backward);
   }
 };
 const CompiledKernels& compiled_kernels();
 
 // The tile sweep's candidates (compiled or not) of each path: mma.sync forward tiles with their
-// threads, mma.sync backward tiles x {128, 256} threads, and the wgmma tiles. The tma path's
-// candidates are the plans of tma_plans.h (sweep_tma_plans; empty here).
+// threads, mma.sync backward tiles x {128, 256} threads, and the wgmma tiles. The tma forward
+// path's candidates are the plans of tma_plans.h (sweep_tma_plans; empty here); the tma backward
+// path's are the tiles of its plans.
 std::vector<TileConfig> sweep_forward_tiles(ForwardPath path = ForwardPath::mma);
 std::vector<TmaForwardPlan> sweep_tma_plans(int64_t head_dim);
 std::vector<TileConfig> sweep_backward_tiles(BackwardPath path = BackwardPath::double_buffered);

@@ -1,4 +1,5 @@
-// Tile plans of the TMA forward kernels (sm90, bf16, flash_tma_forward.cuh): the one list that
+// Tile plans of the TMA forward and backward kernels (sm90, bf16, flash_tma_forward.cuh and
+// flash_tma_backward.cuh): the one list that
 // the kernels instantiate, kernel_config.cpp judges (can_implement, the compiled set, shared
 // memory) and the sweep draws its candidates from. Plain constexpr C++ (no CUDA), so that the
 // CPU build and the tests read the same plans; the static_asserts below tie each plan to what
@@ -120,10 +121,114 @@ constexpr bool tma_plans_distinct() {
 }
 static_assert(tma_plans_distinct(), "a TMA forward plan is listed twice");
 
+// ---- backward ----
+
+// Tile plans of the TMA backward kernels (flash_tma_backward.cuh). A block owns block_n keys of
+// one kv head (64 per consumer warpgroup: their dK and dV stay in registers) and walks the query
+// tiles (block_m = 64 rows) of every query head of the group that can see them. A producer warp
+// streams Q, dO, lse and D through a ring of `stages` slots; dS^T goes through shared memory
+// (two buffers) for dQ = dS K, and each consumer's dQ part leaves through its own fp32 staging
+// tile by TMA reductions into the dQ buffer (two staging buffers when they fit, so the next
+// step's part is written while the last one is read).
+struct TmaBackwardPlan {
+  int head_dim = 0;
+  int block_m = 0;  // query rows of a step: 64
+  int block_n = 0;  // keys of a block: 64 per consumer warpgroup
+  int stages = 0;   // ring slots of Q, dO, lse and D
+  bool compiled_by_default = false;
+
+  constexpr int consumer_groups() const { return block_n / 64; }
+  constexpr int threads() const { return 128 * (consumer_groups() + 1); }
+  // dQ = dS K: with one 64-column panel of the head dim per consumer, each takes its panel over
+  // all the block's keys; otherwise each adds its own keys' part over every panel.
+  constexpr bool dq_splits_columns() const { return head_dim == 64 * consumer_groups(); }
+  constexpr int dq_columns() const { return dq_splits_columns() ? 64 : head_dim; }
+
+  constexpr int64_t tile_bytes(int rows) const { return int64_t{rows} * head_dim * 2; }
+  constexpr int64_t kv_bytes() const { return 2 * tile_bytes(block_n); }
+  // Q and dO (bf16), lse and D (fp32) per slot.
+  constexpr int64_t stage_bytes() const { return 2 * tile_bytes(block_m) + 8 * block_m; }
+  constexpr int64_t ds_bytes() const { return 2 * int64_t{block_n} * block_m * 2; }
+  // One consumer's fp32 dQ part.
+  constexpr int64_t dq_tile_bytes() const { return int64_t{block_m} * dq_columns() * 4; }
+  static constexpr int64_t barrier_bytes() { return 256; }
+  static constexpr int64_t align_slack() { return 1024; }
+  constexpr int64_t bytes_with_dq_slots(int slots) const {
+    return kv_bytes() + stages * stage_bytes() + ds_bytes() +
+           slots * consumer_groups() * dq_tile_bytes() + barrier_bytes() + align_slack();
+  }
+  constexpr int dq_slots() const { return bytes_with_dq_slots(2) <= kSm90SmemPerBlock ? 2 : 1; }
+  constexpr int64_t smem_bytes() const { return bytes_with_dq_slots(dq_slots()); }
+
+  // setmaxnreg, as the forward: the producer warpgroup keeps few registers.
+  constexpr int launch_registers() const {
+    return (kSm90RegistersPerSm / threads()) / 8 * 8 > 255
+               ? 248
+               : (kSm90RegistersPerSm / threads()) / 8 * 8;
+  }
+  constexpr int producer_registers() const { return consumer_groups() == 2 ? 24 : 56; }
+  constexpr int consumer_registers() const {
+    const int r = ((launch_registers() * threads() - 128 * producer_registers()) /
+                   (128 * consumer_groups())) /
+                  8 * 8;
+    return r > 240 ? 240 : r;
+  }
+
+  constexpr bool operator==(const TmaBackwardPlan& o) const {
+    return head_dim == o.head_dim && block_m == o.block_m && block_n == o.block_n &&
+           stages == o.stages;
+  }
+};
+
+// {head_dim, block_m, block_n, stages, compiled_by_default}. FlashAttention-3's backward runs
+// 64 query rows against 128 keys (two consumer warpgroups) at head dims 64 and 128.
+inline constexpr TmaBackwardPlan kTmaBackwardPlans[] = {
+    {64, 64, 128, 2, true},
+    {128, 64, 128, 2, true},
+};
+inline constexpr int kTmaBackwardPlanCount =
+    static_cast<int>(sizeof(kTmaBackwardPlans) / sizeof(kTmaBackwardPlans[0]));
+
+constexpr const char* tma_backward_plan_defect(const TmaBackwardPlan& p) {
+  if (p.head_dim != 64 && p.head_dim != 128) return "head dim 64 or 128";
+  if (p.block_m != 64) return "query tiles of 64 rows";
+  if (p.block_n != 128) return "two consumer warpgroups (128 keys)";
+  if (p.stages < 1 || p.stages > 3) return "1 to 3 stages";
+  if (p.smem_bytes() > kSm90SmemPerBlock) return "shared memory over sm90's limit";
+  // dK and dV (head_dim / 2 floats each), S^T and dP^T (block_m / 2 each) and about 40
+  // registers of addresses, lse and loop state.
+  if (p.head_dim + p.block_m + 40 > p.consumer_registers()) {
+    return "accumulators exceed the consumer registers";
+  }
+  return nullptr;
+}
+
+constexpr bool all_tma_backward_plans_valid() {
+  for (const TmaBackwardPlan& p : kTmaBackwardPlans) {
+    if (tma_backward_plan_defect(p) != nullptr) return false;
+  }
+  for (int i = 0; i < kTmaBackwardPlanCount; ++i) {
+    for (int j = i + 1; j < kTmaBackwardPlanCount; ++j) {
+      if (kTmaBackwardPlans[i] == kTmaBackwardPlans[j]) return false;
+    }
+  }
+  return true;
+}
+static_assert(all_tma_backward_plans_valid(),
+              "a TMA backward plan breaks a kernel rule (tma_backward_plan_defect) or is listed "
+              "twice");
+
 // Whether this build compiles plan `p` (the default set, or every plan for the sweep build).
 // Only the files that FLASHTRAIN_SWEEP_KERNELS reaches call it (CMakeLists.txt: the kernel
 // instantiations and kernel_config.cpp); everything else asks compiled_kernels().
 constexpr bool tma_plan_compiled(const TmaForwardPlan& p) {
+#ifdef FLASHTRAIN_SWEEP_KERNELS
+  return p.head_dim > 0;
+#else
+  return p.compiled_by_default;
+#endif
+}
+constexpr bool tma_plan_compiled(const TmaBackwardPlan& p) {
 #ifdef FLASHTRAIN_SWEEP_KERNELS
   return p.head_dim > 0;
 #else

@@ -192,6 +192,7 @@ attention::Problem Transformer::attention_problem(int64_t layer) const {
   const bool global = attention_.global_every > 0 && (layer + 1) % attention_.global_every == 0;
   p.mask.window = global ? 0 : attention_.window;
   p.mask.has_segments = segment_ids_.defined();
+  p.deterministic = attention_.deterministic;
   return p;
 }
 

@@ -55,8 +55,9 @@ struct KvCache {
 
 struct AttentionSettings {
   attention::Impl impl = attention::Impl::naive;
-  int64_t window = 0;        // sliding window (0: none)
-  int64_t global_every = 0;  // with a window: every N-th layer attends fully (0: none)
+  int64_t window = 0;          // sliding window (0: none)
+  int64_t global_every = 0;    // with a window: every N-th layer attends fully (0: none)
+  bool deterministic = false;  // the attention backward gives the same bits on every run
 };
 
 class Transformer {

@@ -67,6 +67,13 @@ std::vector<Candidate> make_candidates(SweepAxis axis, const std::vector<Backwar
   for (BackwardPath path : paths) {
     KernelConfig fixed = base;
     fixed.backward_path = path;
+    // A path whose tiles do not include the base's backward tile (tma: the plans' tiles) times
+    // the forward tiles with its first tile.
+    const std::vector<TileConfig> path_tiles = attention::sweep_backward_tiles(path);
+    if (!path_tiles.empty() &&
+        std::find(path_tiles.begin(), path_tiles.end(), fixed.backward) == path_tiles.end()) {
+      fixed.backward = path_tiles.front();
+    }
     if (axis != SweepAxis::backward) {
       for (ForwardPath forward_path : {ForwardPath::mma, ForwardPath::wgmma}) {
         for (const TileConfig& tile : attention::sweep_forward_tiles(forward_path)) {

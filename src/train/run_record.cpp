@@ -11,8 +11,9 @@ namespace {
 
 using nlohmann::json;
 
-// Declared safe: the same computation by another implementation or on another device.
-const std::set<std::string> kSafe = {"attention", "device"};
+// Declared safe: the same computation by another implementation, on another device or with
+// another summation order (deterministic).
+const std::set<std::string> kSafe = {"attention", "device", "deterministic"};
 // The learning-rate schedule; --allow-schedule-change accepts changes to these.
 const std::set<std::string> kSchedule = {"steps", "lr", "lr_schedule", "warmup", "min_lr_frac"};
 
@@ -68,6 +69,7 @@ json make_run_record(const TrainConfig& c, const models::ModelConfig& m, int64_t
           {"device", device_name(c.device)},
           {"window", c.attention.window},
           {"global_every", c.attention.global_every},
+          {"deterministic", c.attention.deterministic},
           {"doc_mask", c.doc_mask},
           {"batch_size", c.batch_size},
           {"seq_len", c.seq_len},
@@ -131,12 +133,13 @@ std::vector<std::string> check_resume(const json& saved, const json& now, int64_
   }
   if (!refused.empty()) {
     for (const std::string& line : schedule_changes) refused.push_back(line);
-    throw Error(str(state_path,
-                    ": written for a different run; --resume refuses what would "
-                    "change its losses (saved -> now): ",
-                    join(refused, ", "),
-                    ". Safe to change: --attention, --device, and --steps under a schedule "
-                    "that keeps the learning rates of the steps already run"));
+    throw Error(str(
+        state_path,
+        ": written for a different run; --resume refuses what would "
+        "change its losses (saved -> now): ",
+        join(refused, ", "),
+        ". Safe to change: --attention, --device, --deterministic, and --steps under a schedule "
+        "that keeps the learning rates of the steps already run"));
   }
   return accepted;
 }

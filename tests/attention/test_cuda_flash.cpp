@@ -4,7 +4,7 @@
 // <= 1e-5. bf16: at most 2x the error of the CUDA naive bf16 baseline on the same inputs (+ a
 // small floor), for EVERY compiled kernel configuration that can_implement accepts (the default,
 // each compiled forward tile and path (mma, wgmma) with the default backward, each compiled
-// backward tile and path (single, double, wgmma) with the default forward, and each compiled
+// backward tile and path (single, double, wgmma, tma) with the default forward, and each compiled
 // plan of the tma forward path). Head dims that have a forward kernel but no backward one (256 on
 // the tma path) check the forward of every configuration that runs it, and that the backward is
 // refused with its reason. Beyond the grid: S > 16384 and non-default scales (one negative)
@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "attention/kernel_config.h"
@@ -311,6 +312,63 @@ TEST_F(CudaFlashTest, Fp32IsDeterministic) {
     ASSERT_EQ(x->nbytes(), y->nbytes());
     EXPECT_EQ(std::memcmp(x->raw(), y->raw(), x->nbytes()), 0);
   }
+}
+
+// The tma backward in deterministic mode: three runs on the same inputs give the same bits of
+// dq, dk and dv (the dQ parts of many key blocks meet in every query tile: S = 1000 is 8 key
+// blocks, GQA adds each query head of a group), and stay within the accuracy bound against the
+// naive fp32 run. Masks: none, causal, and causal + window + segments (tiles the segments hide
+// still take their turn; the window moves the first key block of a query tile). Other bf16
+// backward paths refuse the mode with the reason.
+TEST_F(CudaFlashTest, TmaBackwardDeterministicModeGivesTheSameBits) {
+  const DeviceLimits& device = DeviceLimits::current();
+  int tested = 0;
+  for (const TmaBackwardPlan& plan : compiled_kernels().tma_backward_plans) {
+    for (int m = 0; m < 3; ++m) {
+      Mask mask;
+      mask.causal = m > 0;
+      mask.window = m == 2 ? 300 : 0;
+      mask.has_segments = m == 2;
+      Inputs in = make_inputs({2, 1000, 8, 2, plan.head_dim}, mask, DType::bf16, 41 + m);
+      in.problem.deterministic = true;
+      KernelConfig config = default_config(device, in.problem);
+      config.backward = {plan.block_m, plan.block_n, plan.threads()};
+      config.backward_path = BackwardPath::tma;
+      const std::string refused = can_implement(config, in.problem, device);
+      if (!refused.empty()) {
+        std::printf("skipped [%s]: %s\n", config.str().c_str(), refused.c_str());
+        continue;
+      }
+      const std::string what = ft::str("deterministic d", plan.head_dim, " ", mask.describe());
+      SCOPED_TRACE(what);
+      const GpuResult first =
+          run_on_gpu(Impl::flash, in, mask.has_segments, flash_bytes(in.problem), &config);
+      for (int run = 1; run < 3; ++run) {
+        const GpuResult again =
+            run_on_gpu(Impl::flash, in, mask.has_segments, flash_bytes(in.problem), &config);
+        for (const auto& [name, x, y] : {std::tuple{"dq", &first.grads.dq, &again.grads.dq},
+                                         std::tuple{"dk", &first.grads.dk, &again.grads.dk},
+                                         std::tuple{"dv", &first.grads.dv, &again.grads.dv}}) {
+          ASSERT_EQ(x->nbytes(), y->nbytes());
+          EXPECT_EQ(std::memcmp(x->raw(), y->raw(), x->nbytes()), 0) << name << ", run " << run;
+        }
+      }
+      check_against_naive_fp32(what, in, {config});
+      ++tested;
+    }
+  }
+  if (tested == 0) GTEST_SKIP() << "no tma backward plan runs on " << device.arch;
+  // A path that adds dQ in any order refuses the mode before any launch.
+  Inputs in = make_inputs({1, 64, 4, 2, 64}, {}, DType::bf16, 3);
+  in.problem.deterministic = true;
+  KernelConfig wgmma = default_config(device, in.problem);
+  wgmma.backward = {64, 64, 128};
+  wgmma.backward_path = BackwardPath::wgmma;
+  const Tensor q = in.q.to(Device::cuda), k = in.k.to(Device::cuda), v = in.v.to(Device::cuda);
+  const ForwardOutput f = forward(Impl::flash, in.problem, q, k, v, {}, &wgmma);
+  expect_error(
+      [&] { backward(Impl::flash, in.problem, q, k, v, f, in.dout.to(Device::cuda), {}, &wgmma); },
+      {"cannot run", "deterministic", "tma"});
 }
 
 TEST_F(CudaFlashTest, RefusedConfigsFailWithTheReason) {

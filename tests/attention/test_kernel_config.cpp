@@ -130,6 +130,63 @@ TEST(KernelConfig, TmaReasons) {
   EXPECT_NE(can_implement(c256, d256, sm90).find("head dim 256"), std::string::npos);
 }
 
+// The tma backward: its text, shared memory from its plan, and can_implement at each rule.
+TEST(KernelConfig, TmaBackwardPlansAndReasons) {
+  const KernelConfig c = KernelConfig::parse("fwd=128x128/384/tma/s2/pp bwd=64x128/384/tma");
+  EXPECT_EQ(c.backward_path, BackwardPath::tma);
+  EXPECT_EQ(c.backward_str(), "bwd=64x128/384/tma");
+  EXPECT_EQ(KernelConfig::parse(c.str()), c);
+  const DeviceLimits sm90 = DeviceLimits::for_arch("sm90");
+  for (const TmaBackwardPlan& plan : kTmaBackwardPlans) {
+    const TileConfig tile{plan.block_m, plan.block_n, plan.threads()};
+    EXPECT_EQ(find_tma_backward_plan(tile, plan.head_dim), &plan);
+    EXPECT_EQ(backward_smem_bytes(tile, BackwardPath::tma, plan.head_dim), plan.smem_bytes());
+    EXPECT_LE(plan.smem_bytes(), sm90.max_smem_per_block);
+    // K and V, Q, dO, lse and D per stage, two dS^T buffers, two fp32 dQ staging tiles per
+    // consumer, barriers and the alignment slack.
+    const int64_t d = plan.head_dim;
+    EXPECT_EQ(plan.smem_bytes(), 4 * d * plan.block_n + plan.stages * (4 * d * 64 + 8 * 64) +
+                                     4 * plan.block_n * 64 + 2 * 2 * 64 * 64 * 4 + 256 + 1024);
+  }
+  const Problem p = bf16_problem(128);
+  EXPECT_EQ(can_implement(c, p, sm90), "");
+  for (const char* arch : {"sm80", "sm86", "sm100", "sm120"}) {
+    const std::string why = can_implement(c, p, DeviceLimits::for_arch(arch));
+    EXPECT_NE(why.find("tma path needs sm90"), std::string::npos) << arch << ": " << why;
+  }
+  const std::string d32 = can_implement(c, bf16_problem(32), sm90, KernelDirection::backward);
+  EXPECT_NE(d32.find("head dim 32: the tma backward kernels support 64, 128"), std::string::npos)
+      << d32;
+  KernelConfig bad = c;
+  bad.backward = {64, 64, 256};
+  const std::string no_plan = can_implement(bad, p, sm90, KernelDirection::backward);
+  EXPECT_NE(no_plan.find("not a tma backward plan for head dim 128"), std::string::npos) << no_plan;
+  EXPECT_NE(no_plan.find("64x128/384/tma"), std::string::npos) << no_plan;
+  bad.backward = {64, 128, 256};
+  EXPECT_NE(can_implement(bad, p, sm90).find("runs 384 threads"), std::string::npos);
+  // The deterministic mode: the tma backward takes it, the other bf16 paths refuse it, fp32
+  // (deterministic already) takes any configuration.
+  Problem det = p;
+  det.deterministic = true;
+  EXPECT_EQ(can_implement(c, det, sm90), "");
+  // The default for a deterministic problem on sm90 runs the tma backward.
+  for (int64_t d : {64, 128}) {
+    Problem dp = bf16_problem(d);
+    dp.deterministic = true;
+    const KernelConfig dc = default_config(sm90, dp);
+    EXPECT_EQ(dc.backward_path, BackwardPath::tma) << dc.str();
+    EXPECT_EQ(can_implement(dc, dp, sm90), "") << dc.str();
+  }
+  KernelConfig wgmma = c;
+  wgmma.backward = {64, 128, 256};
+  wgmma.backward_path = BackwardPath::wgmma;
+  const std::string why = can_implement(wgmma, det, sm90);
+  EXPECT_NE(why.find("deterministic backward"), std::string::npos) << why;
+  EXPECT_EQ(can_implement(wgmma, det, sm90, KernelDirection::forward), "");
+  det.dtype = DType::f32;
+  EXPECT_EQ(can_implement(wgmma, det, sm90), "");
+}
+
 TEST(KernelConfig, BadTextNamesTheWordAndTheForm) {
   expect_error([] { KernelConfig::parse("fwd=128x64"); }, {"fwd=128x64", "expected"});
   expect_error([] { KernelConfig::parse("bwd=64x64/128/triple"); }, {"triple"});
@@ -321,6 +378,14 @@ TEST(KernelConfig, SweepCandidatesCoverTheDefaults) {
     c.forward = t;
     c.forward_path = ForwardPath::wgmma;
     EXPECT_EQ(can_implement(c, bf16_problem(128), sm90), "") << c.str();
+  }
+  const auto tma_bwd = sweep_backward_tiles(BackwardPath::tma);
+  for (const TmaBackwardPlan& plan : compiled_kernels().tma_backward_plans) {
+    KernelConfig c = default_config(sm90, plan.head_dim);
+    c.backward = {plan.block_m, plan.block_n, plan.threads()};
+    c.backward_path = BackwardPath::tma;
+    EXPECT_NE(std::find(tma_bwd.begin(), tma_bwd.end(), c.backward), tma_bwd.end()) << c.str();
+    EXPECT_EQ(can_implement(c, bf16_problem(plan.head_dim), sm90), "") << c.str();
   }
   for (const TileConfig& t : compiled_kernels().wgmma_backward) {
     EXPECT_NE(std::find(wgmma_bwd.begin(), wgmma_bwd.end(), t), wgmma_bwd.end()) << t.str();

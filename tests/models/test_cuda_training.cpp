@@ -184,6 +184,35 @@ TEST(CudaTrainer, TrainsDeterministicallyAndReportsMemory) {
   EXPECT_NE(out_a.str().find("peak reserved"), std::string::npos);
 }
 
+// Deterministic attention (TrainConfig's attention.deterministic, `train --deterministic`): bf16
+// flash training gives the same losses bit for bit, run after run, with the dQ parts of several
+// key blocks meeting in every query tile (head dim 64, 256 positions: two key blocks of 128).
+TEST(CudaTrainer, FlashTrainsBitIdenticallyInDeterministicMode) {
+  REQUIRE_GPU();
+  train::TrainConfig c;
+  c.model = "llama3-tiny";
+  c.overrides.width = 256;  // 4 heads of 64 (the tma backward's head dims are 64 and 128)
+  c.train_data = test::source_path("data/tinyshakespeare_train.bin");
+  c.val_data.clear();
+  c.tokenizer = test::source_path("data/gpt2_tokenizer.bin");
+  c.device = Device::cuda;
+  c.dtype = DType::bf16;
+  c.attention.impl = attention::Impl::flash;
+  c.attention.deterministic = true;
+  c.batch_size = 8;
+  c.seq_len = 256;
+  c.steps = 10;
+  c.lr = 3e-3;
+  c.sample_tokens = 0;
+  std::ostringstream out_a, out_b, out_c;
+  const train::TrainSummary a = train::train(c, out_a);
+  const train::TrainSummary b = train::train(c, out_b);
+  const train::TrainSummary d = train::train(c, out_c);
+  EXPECT_EQ(a.losses, b.losses);
+  EXPECT_EQ(a.losses, d.losses);
+  EXPECT_LT(a.losses.back(), a.losses.front());
+}
+
 // A naive baseline that does not fit must leave a log that says so (the study's compare-loss
 // and summarize report it as "base OOM" rather than as a broken log): 4 heads x 131072^2 fp32
 // probabilities are 275 GB, beyond any one GPU.

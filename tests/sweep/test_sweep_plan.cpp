@@ -163,10 +163,13 @@ TEST(SweepCandidates, OneAxisAtATimeWithTheBaseFirst) {
   const std::vector<Candidate> paths =
       candidates_for("sm90", SweepAxis::both, attention::all_backward_paths());
   // The base's path once, then each mma path: every forward tile and its 12 backward tiles (6
-  // tiles x {128, 256} threads), the base tiles once.
+  // tiles x {128, 256} threads), the base tiles once; then the tma path.
   const size_t mma_bwd = attention::sweep_backward_tiles(BackwardPath::double_buffered).size();
   EXPECT_EQ(mma_bwd, 12u);
-  EXPECT_EQ(paths.size(), both.size() + 2 * (fwd.size() + mma_bwd - 1));
+  // The tma path: every forward tile with its own backward tile (the base's is not one of its
+  // tiles), then its other backward tiles.
+  const size_t tma_bwd = attention::sweep_backward_tiles(BackwardPath::tma).size();
+  EXPECT_EQ(paths.size(), both.size() + 2 * (fwd.size() + mma_bwd - 1) + fwd.size() + tma_bwd - 1);
 }
 
 TEST(SweepCandidates, RefusalsCarryCanImplementsReasons) {

@@ -13,6 +13,7 @@
 #include "attention/cuda/cuda_kernels.h"
 #include "attention/cuda/flash_bf16.cuh"
 #include "attention/cuda/flash_launch.h"
+#include "attention/cuda/flash_tma_backward.cuh"
 #include "attention/cuda/flash_tma_forward.cuh"
 #include "attention/cuda/flash_wgmma.cuh"
 #include "core/cuda/check.h"
@@ -122,6 +123,8 @@ const Bf16Kernels& bf16_kernels() {
     add_tma_forward_d64(k);
     add_tma_forward_d128(k);
     add_tma_forward_d256(k);
+    add_tma_backward_d64(k);
+    add_tma_backward_d128(k);
     return k;
   }();
   return table;
@@ -284,6 +287,13 @@ Gradients flash_backward(const Problem& p, const Tensor& q, const Tensor& k, con
   }
   FT_CUDA_CHECK(cudaGetLastError());
   const int64_t n = q.numel();
+  Tensor dq_semaphore;  // freed stream-ordered, after the kernel that uses it
+  if (p.deterministic) {
+    const int64_t q_tiles = (p.seq_len + 63) / 64;
+    dq_semaphore = Tensor::empty({p.batch, p.q_heads, q_tiles}, DType::i32, Device::cuda);
+    fp.dq_semaphore = dq_semaphore.data<int32_t>();
+    FT_CUDA_CHECK(cudaMemsetAsync(fp.dq_semaphore, 0, dq_semaphore.nbytes(), stream));
+  }
   flash_bf16_backward(config.backward, config.backward_path, fp, stream);
   convert_dq_kernel<<<blocks_for(n / 4, 256), 256, 0, stream>>>(
       reinterpret_cast<const float4*>(fp.dq_accum), static_cast<uint2*>(fp.dq), n / 4, fp.scale);

@@ -181,6 +181,18 @@ __device__ __forceinline__ void tma_store(const CUtensorMap* map, const void* sr
       : "memory");
 #endif
 }
+// Adds a shared-memory tile into the global tensor at these coordinates (fp32 add per element
+// by the copy engine; rows past the end are dropped). Completes like a store (bulk group).
+__device__ __forceinline__ void tma_reduce_add(const CUtensorMap* map, const void* src, int col,
+                                               int head, int row, int batch) {
+#ifdef FT_HOPPER_ENABLED
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4, "
+      "%5}], [%1];\n" ::"l"(reinterpret_cast<uint64_t>(map)),
+      "r"(smem_addr(src)), "r"(col), "r"(head), "r"(row), "r"(batch)
+      : "memory");
+#endif
+}
 __device__ __forceinline__ void tma_store_commit() {
 #ifdef FT_HOPPER_ENABLED
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
@@ -196,6 +208,13 @@ __device__ __forceinline__ void tma_store_wait_read() {
 __device__ __forceinline__ void tma_store_wait_all() {
 #ifdef FT_HOPPER_ENABLED
   asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+#endif
+}
+// Orders this thread's generic-proxy global accesses against its copy-engine ones (a flag
+// written after a bulk reduction, a bulk reduction issued after a flag was read).
+__device__ __forceinline__ void fence_async_global() {
+#ifdef FT_HOPPER_ENABLED
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
 #endif
 }
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {

@@ -1,0 +1,559 @@
+// bf16 flash attention backward for Hopper (sm_90a): the `tma` path. FlashAttention-3's shape
+// of the backward on the pieces of hopper.cuh; one kernel template, instantiated per tile plan
+// (tma_plans.h) by flash_bf16_tma_bwd_d*.cu.
+//
+// A block owns block_n keys of one kv head (K and V stay in shared memory) and walks every query
+// tile (64 rows) of every query head of its GQA group that can see those keys. It is made of
+//   - a producer warpgroup that gives most of its registers away; one warp of it loads K and V
+//     once, then per step Q and dO by TMA and lse and D by plain loads into a ring of `stages`
+//     slots, with the step's query head, rows and mask cover; a last slot with no head ends;
+//   - two consumer warpgroups, 64 keys each, whose dK and dV stay in registers over all steps.
+// A consumer's step: S^T = K Q^T and dP^T = V dO^T (shared-memory products; P^T is computed
+// while dP^T runs), dS^T = P^T (dP^T - D), dS^T into shared memory (two buffers: the other group
+// reads it for dQ), then dQ = dS K from shared memory and dV += P^T dO, dK += dS^T Q with the
+// left operand from registers. Its dQ part (64 rows x 64 columns, fp32) goes through a staging
+// tile (two, alternating) and leaves by TMA reductions into the fp32 dQ buffer: no consumer
+// thread waits on the global memory.
+//
+// Deterministic mode (FlashParams::dq_semaphore): the reductions into each query tile of dQ
+// happen in a fixed order, key block by key block (then consumer by consumer): a counter per
+// query tile says whose turn it is. Tiles that segment ids hide are then computed (fully
+// masked, a zero part) rather than skipped, so that every key block in a query tile's range
+// takes its turn.
+#pragma once
+
+#include "attention/cuda/flash_bf16.cuh"
+#include "attention/cuda/hopper.cuh"
+#include "attention/tma_plans.h"
+
+namespace ft::attention::cuda {
+
+void add_tma_backward_d64(Bf16Kernels& k);
+void add_tma_backward_d128(Bf16Kernels& k);
+
+// A 4-d tensor map over the [B, S, H, D] bf16 tensor (flash_tma_forward.cuh's, tensor_map.cu).
+CUtensorMap head_tensor_map(const void* base, int batch, int seq_len, int heads, int head_dim,
+                            int box_rows);
+// A 4-d tensor map over a [B, S, H, D] fp32 tensor (the dQ buffer) whose boxes are 32 columns x
+// 64 rows of one head, swizzled by 128 bytes (tensor_map.cu).
+CUtensorMap dq_tensor_map(float* base, int batch, int seq_len, int heads, int head_dim);
+
+namespace tma_bwd_detail {
+
+using bf16_detail::fast_exp2;
+using namespace hopper;
+
+struct TmaBackwardArgs {
+  CUtensorMap q, k, v, dout, dq;
+  FlashParams p;
+};
+
+// What a ring slot carries besides its tiles: the step's query head (< 0: no more steps), its
+// first query row and its mask cover.
+struct StepInfo {
+  int head, q0, cover, unused;
+};
+
+// ---- shared memory ----
+
+template <int PLAN>
+struct BackwardSmem {
+  static constexpr TmaBackwardPlan P = kTmaBackwardPlans[PLAN];
+  static constexpr int BM = P.block_m, BN = P.block_n, kGroups = P.consumer_groups();
+  static constexpr int64_t kDqTile = P.dq_tile_bytes();
+  static constexpr int64_t kK = 0;
+  static constexpr int64_t kV = kK + P.tile_bytes(BN);
+  static constexpr int64_t kQ = kV + P.tile_bytes(BN);
+  static constexpr int64_t kDo = kQ + P.stages * P.tile_bytes(BM);
+  static constexpr int64_t kDs = kDo + P.stages * P.tile_bytes(BM);
+  static constexpr int64_t kDq = kDs + P.ds_bytes();
+  static constexpr int64_t kLse = kDq + 2 * kGroups * kDqTile;
+  static constexpr int64_t kDsum = kLse + P.stages * BM * 4;
+  static constexpr int64_t kBarriers = kDsum + P.stages * BM * 4;
+  static constexpr int kBarrierCount = 1 + 2 * P.stages;  // K and V; full and empty per slot
+  static constexpr int64_t kInfo = kBarriers + 8 * kBarrierCount;
+  static_assert(P.dq_slots() == 2, "two dQ staging tiles per consumer");
+  static_assert(kInfo + 16 * P.stages <= kBarriers + TmaBackwardPlan::barrier_bytes(),
+                "barriers and step records fit");
+  static_assert(kBarriers + TmaBackwardPlan::barrier_bytes() + TmaBackwardPlan::align_slack() ==
+                    P.smem_bytes(),
+                "the kernel's layout is the plan's byte count");
+  static_assert(kQ % 1024 == 0 && kDo % 1024 == 0 && kDs % 1024 == 0 && kDq % 1024 == 0 &&
+                    kDqTile % 1024 == 0,
+                "panels and staging tiles on 1024 bytes");
+
+  unsigned char* base;
+  template <typename T>
+  __device__ T* at(int64_t offset) const {
+    return reinterpret_cast<T*>(base + offset);
+  }
+  __device__ __nv_bfloat16* k() const { return at<__nv_bfloat16>(kK); }
+  __device__ __nv_bfloat16* v() const { return at<__nv_bfloat16>(kV); }
+  __device__ __nv_bfloat16* q(int slot) const {
+    return at<__nv_bfloat16>(kQ + slot * P.tile_bytes(BM));
+  }
+  __device__ __nv_bfloat16* dout(int slot) const {
+    return at<__nv_bfloat16>(kDo + slot * P.tile_bytes(BM));
+  }
+  // dS^T of a step: [BN keys][BM queries], one panel; two buffers, alternating by step.
+  __device__ __nv_bfloat16* ds(int buffer) const {
+    return at<__nv_bfloat16>(kDs + buffer * int64_t{BN} * BM * 2);
+  }
+  // Consumer g's fp32 dQ staging tile `slot`: two boxes of [64 rows][32 columns].
+  __device__ float* dq(int slot, int g) const {
+    return at<float>(kDq + (slot * kGroups + g) * kDqTile);
+  }
+  __device__ float* lse(int slot) const { return at<float>(kLse + slot * BM * 4); }
+  __device__ float* dsum(int slot) const { return at<float>(kDsum + slot * BM * 4); }
+  __device__ uint64_t* kv_full() const { return at<uint64_t>(kBarriers); }
+  __device__ uint64_t* full(int slot) const { return at<uint64_t>(kBarriers) + 1 + slot; }
+  __device__ uint64_t* empty(int slot) const {
+    return at<uint64_t>(kBarriers) + 1 + P.stages + slot;
+  }
+  __device__ StepInfo* info(int slot) const { return at<StepInfo>(kInfo) + slot; }
+};
+
+// Named barriers: the consumers' dS^T is complete (both groups); group g's dQ part is staged.
+constexpr int kDsBarrier = 1;
+__device__ __forceinline__ constexpr int staged_barrier(int g) {
+  return 2 + g;
+}
+
+// The key block's steps: query tiles [qb_begin, qb_begin + q_blocks) of each query head of the
+// group, heads outer.
+struct KeyBlockSteps {
+  int k0, k1, qb_begin, q_blocks, steps;
+  __device__ KeyBlockSteps(const FlashParams& p, int BM, int BN) {
+    k0 = blockIdx.x * BN;
+    k1 = min(k0 + BN, p.seq_len);
+    const int2 queries = query_range(p, k0, k1);
+    qb_begin = queries.x / BM;
+    q_blocks = max(0, (queries.y + BM - 1) / BM - qb_begin);
+    steps = p.group() * q_blocks;
+  }
+};
+
+// ---- producer ----
+
+template <int PLAN, bool SEG>
+__device__ __forceinline__ void produce(const TmaBackwardArgs& a, const BackwardSmem<PLAN>& s) {
+  constexpr TmaBackwardPlan P = kTmaBackwardPlans[PLAN];
+  constexpr int D = P.head_dim, BM = P.block_m, BN = P.block_n, kPanels = D / kPanel;
+  const FlashParams& p = a.p;
+  const int lane = threadIdx.x % 32, hk = blockIdx.y, b = blockIdx.z, S = p.seq_len;
+  const KeyBlockSteps steps(p, BM, BN);
+  if (lane == 0) {
+    tma_prefetch_map(&a.q);
+    tma_prefetch_map(&a.dout);
+    tma_prefetch_map(&a.k);
+    tma_prefetch_map(&a.v);
+    mbar_arrive_expect_bytes(s.kv_full(), static_cast<uint32_t>(P.kv_bytes()));
+#pragma unroll
+    for (int panel = 0; panel < kPanels; ++panel) {
+      tma_load(s.k() + panel * BN * kPanel, &a.k, s.kv_full(), panel * kPanel, hk, steps.k0, b);
+      tma_load(s.v() + panel * BN * kPanel, &a.v, s.kv_full(), panel * kPanel, hk, steps.k0, b);
+    }
+  }
+  const SegmentChunk* chunk_row =
+      SEG ? p.segment_chunks + int64_t{b} * p.chunks_per_row() : nullptr;
+  const SegmentChunk k_span =
+      SEG ? combine_chunks(chunk_row, steps.k0, steps.k1) : SegmentChunk{0, 0, 0, 0};
+  const bool deterministic = p.dq_semaphore != nullptr;
+  RingPosition<P.stages> ring;
+  // Hands the consumers one slot: the step's record, lse and D of its rows (every lane writes
+  // two rows and arrives), Q and dO by TMA when `load`.
+  auto send = [&](const StepInfo& info, bool load) {
+    if (lane == 0) mbar_wait(s.empty(ring.slot), ring.parity ^ 1);
+    __syncwarp();
+    uint64_t* full = s.full(ring.slot);
+    if (load) {
+      const int64_t row = (int64_t{b} * p.q_heads + info.head) * S;
+#pragma unroll
+      for (int i = lane; i < BM; i += 32) {
+        const int r = info.q0 + i;
+        // Rows past the end see nothing: lse -inf makes their P zero (as for empty rows).
+        s.lse(ring.slot)[i] = r < S ? p.lse[row + r] : -INFINITY;
+        s.dsum(ring.slot)[i] = r < S ? p.dsum[row + r] : 0.0f;
+      }
+    }
+    if (lane == 0) {
+      *s.info(ring.slot) = info;
+      if (load) {
+        mbar_arrive_expect_bytes(full, static_cast<uint32_t>(2 * P.tile_bytes(BM)));
+#pragma unroll
+        for (int panel = 0; panel < kPanels; ++panel) {
+          tma_load(s.q(ring.slot) + panel * BM * kPanel, &a.q, full, panel * kPanel, info.head,
+                   info.q0, b);
+          tma_load(s.dout(ring.slot) + panel * BM * kPanel, &a.dout, full, panel * kPanel,
+                   info.head, info.q0, b);
+        }
+      } else {
+        mbar_arrive(full);
+      }
+    } else {
+      mbar_arrive(full);
+    }
+    ring.advance();
+  };
+  for (int t = 0; t < steps.steps; ++t) {
+    const int h = hk * p.group() + t / steps.q_blocks;
+    const int q0 = (steps.qb_begin + t % steps.q_blocks) * BM, q1 = min(q0 + BM, S);
+    const SegmentChunk q_span = SEG ? combine_chunks(chunk_row, q0, q1) : SegmentChunk{0, 0, 0, 0};
+    Cover cover = classify_spans(p, SEG, q_span, k_span, q0, q1, steps.k0, steps.k1);
+    if (cover == Cover::hidden) {
+      if (!deterministic) continue;
+      cover = Cover::partial;  // every pair masked: a zero part, but the turn is taken
+    }
+    send({h, q0, static_cast<int>(cover), 0}, true);
+  }
+  send({-1, 0, 0, 0}, false);
+}
+
+// ---- consumer pieces ----
+
+// This thread's part of group g's dQ (64 rows x 64 columns of fp32 accumulators) into its
+// staging tile: two boxes of [64][32] floats, the 16-byte chunk c of row r at c ^ (r % 8) (the
+// 128-byte swizzle the dQ tensor map reads), so a warp's stores meet no bank twice per chunk.
+__device__ __forceinline__ void stage_dq(float* tile, const float (&dq)[32], int warp, int lane) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = warp * 16 + lane / 4 + 8 * half;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      const int col = nt * 8 + (lane % 4) * 2;
+      const int box = col / 32, c = col % 32;
+      float* at = tile + box * 64 * 32 + r * 32 + (((c / 4) ^ (r % 8)) * 4) + c % 4;
+      *reinterpret_cast<float2*>(at) =
+          make_float2(dq[4 * nt + 2 * half], dq[4 * nt + 2 * half + 1]);
+    }
+  }
+}
+
+// Deterministic mode: waits until this part's turn at its query tile's counter...
+__device__ __forceinline__ void wait_turn(const int* counter, int turn) {
+  while (true) {
+    int now;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(now) : "l"(counter) : "memory");
+    if (now == turn) break;
+  }
+  fence_async_global();  // the reduction below comes after the turn was seen
+}
+// ...and passes the turn on once the reduction is complete in global memory.
+__device__ __forceinline__ void pass_turn(int* counter) {
+  tma_store_wait_all();
+  fence_async_global();
+  __threadfence();
+  atomicAdd(counter, 1);
+}
+
+// ---- consumer ----
+
+template <int PLAN, bool SEG>
+__device__ __forceinline__ void consume(const TmaBackwardArgs& a, const BackwardSmem<PLAN>& s,
+                                        int g) {
+  constexpr TmaBackwardPlan P = kTmaBackwardPlans[PLAN];
+  constexpr int D = P.head_dim, BM = P.block_m, BN = P.block_n, QT = BM / 8, DT = D / 8;
+  constexpr int kGroups = P.consumer_groups();
+  constexpr bool kDqSplitsColumns = P.dq_splits_columns();
+  constexpr int kDqKeys = kDqSplitsColumns ? BN : 64;
+  constexpr uint32_t kStageBytes = BM * D * 2;
+  constexpr uint32_t kDsBytes = BN * BM * 2;
+  const FlashParams& p = a.p;
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const int hk = blockIdx.y, b = blockIdx.z, S = p.seq_len;
+  const KeyBlockSteps steps(p, BM, BN);
+  const int k0 = steps.k0;
+  const bool deterministic = p.dq_semaphore != nullptr;
+
+  // This group's keys start at key_base; this thread's accumulator rows are key_row and
+  // key_row + 8.
+  const int key_base = g * 64;
+  const int key_row = key_base + warp * 16 + lane / 4;
+  // Descriptors: this group's K and V rows (K-major); the slot-0 Q and dO tiles (K-major for S^T
+  // and dP^T, MN-major for dK and dV); dS^T (buffer 0) and K as the MN-major operands of dQ.
+  const uint64_t k_rows = desc(smem_addr(s.k()) + key_base * kPanelRowBytes, 0);
+  const uint64_t v_rows = desc(smem_addr(s.v()) + key_base * kPanelRowBytes, 0);
+  const uint64_t q_desc = desc(smem_addr(s.q(0)), 0);
+  const uint64_t q_mn = desc(smem_addr(s.q(0)), BM * kPanelRowBytes);
+  const uint64_t do_desc = desc(smem_addr(s.dout(0)), 0);
+  const uint64_t do_mn = desc(smem_addr(s.dout(0)), BM * kPanelRowBytes);
+  const uint64_t ds_desc = desc(smem_addr(s.ds(0)), 0);
+  const uint64_t k_desc = desc(smem_addr(s.k()), 0);
+  const int dq_panel = kDqSplitsColumns ? g : 0;  // the head dim's panel of this group's part
+  const int dq_key0 = kDqSplitsColumns ? 0 : key_base;
+
+  const int32_t* seg_row = SEG ? p.segment_ids + int64_t{b} * S : nullptr;
+  const SegmentChunk* chunk_row =
+      SEG ? p.segment_chunks + int64_t{b} * p.chunks_per_row() : nullptr;
+  // Segment ids of this thread's two keys (-2 past the end: a key that does not exist).
+  int kid[2] = {0, 0};
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int j = k0 + key_row + 8 * half;
+    if (SEG) kid[half] = j < S ? seg_row[j] : -2;
+  }
+
+  float dk[DT * 4], dv[DT * 4];
+#pragma unroll
+  for (int i = 0; i < DT * 4; ++i) dk[i] = dv[i] = 0.0f;
+
+  mbar_wait(s.kv_full(), 0);
+  RingPosition<P.stages> ring;
+  for (int local = 0;; ++local) {
+    mbar_wait(s.full(ring.slot), ring.parity);
+    const StepInfo info = *s.info(ring.slot);
+    if (info.head < 0) break;
+    const int stage = ring.slot, h = info.head, q0 = info.q0;
+    const bool partial = k0 + BN > S || info.cover == static_cast<int>(Cover::partial);
+    const uint64_t q_stage = advance(q_desc, stage * kStageBytes);
+    const uint64_t do_stage = advance(do_desc, stage * kStageBytes);
+    const float* lse_t = s.lse(stage);
+    const float* dsum_t = s.dsum(stage);
+
+    // S^T = K Q^T, then dP^T = V dO^T, in two groups: P^T is computed while dP^T runs. Rows =
+    // this group's keys, columns = the step's queries; all four operands K-major.
+    float st[QT * 4], dpt[QT * 4];
+    pin(dk);
+    pin(dv);
+    wg_fence();
+#pragma unroll
+    for (int kd = 0; kd < D / 16; ++kd) {
+      const uint32_t key_off = (kd / 4) * BN * kPanelRowBytes + (kd % 4) * 32;
+      const uint32_t query_off = (kd / 4) * BM * kPanelRowBytes + (kd % 4) * 32;
+      mma_ss<BM, 0, 0>(st, advance(k_rows, key_off), advance(q_stage, query_off), kd > 0);
+    }
+    wg_commit();
+#pragma unroll
+    for (int kd = 0; kd < D / 16; ++kd) {
+      const uint32_t key_off = (kd / 4) * BN * kPanelRowBytes + (kd % 4) * 32;
+      const uint32_t query_off = (kd / 4) * BM * kPanelRowBytes + (kd % 4) * 32;
+      mma_ss<BM, 0, 0>(dpt, advance(v_rows, key_off), advance(do_stage, query_off), kd > 0);
+    }
+    wg_commit();
+    // This thread's query columns: qt * 8 + (lane % 4) * 2 + {0, 1}. lse in log2 units, +inf
+    // for rows that see nothing (their P is then exactly 0).
+    float lse2[QT][2];
+#pragma unroll
+    for (int qt = 0; qt < QT; ++qt) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float l = lse_t[qt * 8 + (lane % 4) * 2 + c];
+        lse2[qt][c] = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
+      }
+    }
+    // Segment ids of this thread's query columns (a query tile inside one document needs no
+    // per-query read).
+    int qids[QT][2];
+    if (SEG && partial) {
+      const UniformSegment queries_seg = uniform_segment(chunk_row, q0, min(q0 + BM, S));
+#pragma unroll
+      for (int qt = 0; qt < QT; ++qt) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int i = q0 + qt * 8 + (lane % 4) * 2 + c;
+          qids[qt][c] = queries_seg.uniform ? queries_seg.id : (i < S ? seg_row[i] : -1);
+        }
+      }
+    }
+    wg_wait<1>();
+    pin(st);
+
+    // P^T = exp2(S^T * scale_log2 - lse_log2), masked where a boundary cuts the tile.
+#pragma unroll
+    for (int qt = 0; qt < QT; ++qt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float pv = fast_exp2(fmaf(st[4 * qt + e], p.scale_log2, -lse2[qt][e % 2]));
+        if (partial) {
+          const int i = q0 + qt * 8 + (lane % 4) * 2 + (e % 2), j = k0 + key_row + 8 * (e / 2);
+          bool ok = allowed_position(p, i, j);
+          if (SEG) ok = ok && same_segment(qids[qt][e % 2], kid[e / 2]);
+          if (!ok) pv = 0.0f;
+        }
+        st[4 * qt + e] = pv;
+      }
+    }
+    wg_wait<0>();
+    pin(dpt);
+    // dS^T = P^T (dP^T - D).
+#pragma unroll
+    for (int qt = 0; qt < QT; ++qt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float dsum = dsum_t[qt * 8 + (lane % 4) * 2 + e % 2];
+        dpt[4 * qt + e] = st[4 * qt + e] * (dpt[4 * qt + e] - dsum);
+      }
+    }
+
+    // P^T and dS^T as register operands; dS^T also into this step's buffer ([key][query], one
+    // panel) for dQ.
+    const int ds_buffer = local & 1;
+    __nv_bfloat16* ds_tile = s.ds(ds_buffer);
+    uint32_t ap[BM / 16][4], ads[BM / 16][4];
+#pragma unroll
+    for (int kq = 0; kq < BM / 16; ++kq) {
+      acc_to_a(ap[kq], st, kq);
+      acc_to_a(ads[kq], dpt, kq);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int col = kq * 16 + c * 8 + (lane % 4) * 2;
+          *reinterpret_cast<uint32_t*>(ds_tile + panel_offset<BN>(key_row + 8 * half, col)) =
+              ads[kq][2 * c + half];
+        }
+      }
+    }
+    fence_async_shared();
+    // Both groups' dS^T are stored. (The other buffer was last read by the dQ products of the
+    // step before, which each group finished before it stored this step's dS^T.)
+    named_sync(kDsBarrier, 128 * kGroups);
+
+    // dQ (queries x 64 columns) = dS K: dS^T read as an MN-major A (rows = keys), K MN-major;
+    // then dV += P^T dO and dK += dS^T Q (left operand from registers, dO and Q MN-major).
+    float dq[32];
+    pin(ap);
+    pin(ads);
+    wg_fence();
+    const uint64_t ds_step = advance(ds_desc, ds_buffer * kDsBytes);
+#pragma unroll
+    for (int kk = 0; kk < kDqKeys / 16; ++kk) {
+      const int key = dq_key0 + kk * 16;
+      mma_ss<64, 1, 1>(dq, advance(ds_step, key * kPanelRowBytes),
+                       advance(k_desc, (dq_panel * BN + key) * kPanelRowBytes), kk > 0);
+    }
+    wg_commit();
+#pragma unroll
+    for (int kq = 0; kq < BM / 16; ++kq) {
+      const uint32_t row_off = kq * 16 * kPanelRowBytes;
+      mma_rs<D, 1>(dv, ap[kq], advance(do_mn, stage * kStageBytes + row_off));
+      mma_rs<D, 1>(dk, ads[kq], advance(q_mn, stage * kStageBytes + row_off));
+    }
+    wg_commit();
+    wg_wait<1>();
+    pin(dq);
+
+    // The dQ part: staged (the tile of two steps ago was read before the last barrier below),
+    // then one thread hands it to the copy engine.
+    float* staged = s.dq(local & 1, g);
+    stage_dq(staged, dq, warp, lane);
+    fence_async_shared();
+    if (tid == 0) tma_store_wait_read();  // the last step's part has left its tile
+    named_sync(staged_barrier(g), 128);
+    if (tid == 0) {
+      int* counter = nullptr;
+      if (deterministic) {
+        const int q_tiles = (S + BM - 1) / BM;
+        counter = p.dq_semaphore + (int64_t{b} * p.q_heads + h) * q_tiles + q0 / BM;
+        const int first_block = key_range(p, q0, min(q0 + BM, S)).x / BN;
+        wait_turn(counter, (blockIdx.x - first_block) * kGroups + g);
+      }
+#pragma unroll
+      for (int box = 0; box < 2; ++box) {
+        tma_reduce_add(&a.dq, staged + box * 64 * 32, dq_panel * kPanel + box * 32, h, q0, b);
+      }
+      tma_store_commit();
+      if (deterministic) pass_turn(counter);
+    }
+
+    wg_wait<0>();
+    pin(dv);
+    pin(dk);
+    pin(ap);
+    pin(ads);
+    // The slot's Q, dO, lse and D are read: the producer may refill it.
+    __syncwarp();
+    if (lane == 0) mbar_arrive(s.empty(stage));
+    ring.advance();
+  }
+  if (tid == 0) tma_store_wait_all();
+
+  auto* dk_base = static_cast<__nv_bfloat16*>(p.dk) + (int64_t{b} * S * p.kv_heads + hk) * D;
+  auto* dv_base = static_cast<__nv_bfloat16*>(p.dv) + (int64_t{b} * S * p.kv_heads + hk) * D;
+  const int64_t kv_stride = int64_t{p.kv_heads} * D;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int j = k0 + key_row + 8 * half;
+    if (j >= S) continue;
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+      const int col = dt * 8 + (lane % 4) * 2;
+      *reinterpret_cast<uint32_t*>(dk_base + j * kv_stride + col) =
+          pack_bf16(dk[4 * dt + 2 * half] * p.scale, dk[4 * dt + 2 * half + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(dv_base + j * kv_stride + col) =
+          pack_bf16(dv[4 * dt + 2 * half], dv[4 * dt + 2 * half + 1]);
+    }
+  }
+}
+
+// ---- the kernel ----
+
+template <int PLAN, bool SEG>
+__global__ void __launch_bounds__(kTmaBackwardPlans[PLAN].threads(), 1)
+    tma_backward_kernel(const __grid_constant__ TmaBackwardArgs args) {
+#ifdef FT_HOPPER_ENABLED
+  constexpr TmaBackwardPlan P = kTmaBackwardPlans[PLAN];
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const BackwardSmem<PLAN> s{align_1024(smem_raw)};
+  if (threadIdx.x == 0) {
+    mbar_init(s.kv_full(), 1);
+    for (int i = 0; i < P.stages; ++i) {
+      mbar_init(s.full(i), 32);                        // every producer lane (lse and D)
+      mbar_init(s.empty(i), 4 * P.consumer_groups());  // every consumer warp
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
+  if (warpgroup == 0) {
+    release_registers<P.producer_registers()>();
+    if (threadIdx.x < 32) produce<PLAN, SEG>(args, s);
+  } else {
+    claim_registers<P.consumer_registers()>();
+    consume<PLAN, SEG>(args, s, warpgroup - 1);
+  }
+#else
+  __trap();  // only compiled for sm_90a; can_implement refuses other devices
+#endif
+}
+
+// ---- host ----
+
+template <int PLAN>
+void launch_tma_backward(const FlashParams& p, cudaStream_t stream) {
+  constexpr TmaBackwardPlan P = kTmaBackwardPlans[PLAN];
+  TmaBackwardArgs a;
+  a.q = head_tensor_map(p.q, p.batch, p.seq_len, p.q_heads, P.head_dim, P.block_m);
+  a.dout = head_tensor_map(p.dout, p.batch, p.seq_len, p.q_heads, P.head_dim, P.block_m);
+  a.k = head_tensor_map(p.k, p.batch, p.seq_len, p.kv_heads, P.head_dim, P.block_n);
+  a.v = head_tensor_map(p.v, p.batch, p.seq_len, p.kv_heads, P.head_dim, P.block_n);
+  a.dq = dq_tensor_map(p.dq_accum, p.batch, p.seq_len, p.q_heads, P.head_dim);
+  a.p = p;
+  auto kernel =
+      p.segment_ids != nullptr ? tma_backward_kernel<PLAN, true> : tma_backward_kernel<PLAN, false>;
+  FT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(P.smem_bytes())));
+  // Key blocks innermost: causal gives the first key blocks the most query tiles, so the
+  // longest blocks start first (and, in deterministic mode, each key block's predecessors at a
+  // query tile were launched before it).
+  const dim3 grid((p.seq_len + P.block_n - 1) / P.block_n, p.kv_heads, p.batch);
+  kernel<<<grid, P.threads(), P.smem_bytes(), stream>>>(a);
+  FT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace tma_bwd_detail
+
+// Adds the compiled backward plans of head dim D to the table.
+template <int D, int I = 0>
+void add_tma_backward_kernels(Bf16Kernels& k) {
+  if constexpr (I < kTmaBackwardPlanCount) {
+    constexpr TmaBackwardPlan P = kTmaBackwardPlans[I];
+    if constexpr (P.head_dim == D && tma_plan_compiled(P)) {
+      k.backward.push_back({D, TileConfig{P.block_m, P.block_n, P.threads()}, BackwardPath::tma,
+                            &tma_bwd_detail::launch_tma_backward<I>});
+    }
+    add_tma_backward_kernels<D, I + 1>(k);
+  }
+}
+
+}  // namespace ft::attention::cuda
