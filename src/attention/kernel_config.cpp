@@ -643,8 +643,11 @@ struct DefaultRow {
 // 128x128 forward 6.17 ms), at the GPT-2 shape (D=64) 0.061 ms (wgmma 64x128: 0.069 ms); head
 // dim 256 has only the tma forward (128x64, the largest that fits) and no backward kernel. With
 // a window or segment ids (many short work tiles) the wgmma 64x64 forward stays faster (1.88 ms
-// against 2.03 ms for the best tma plan at window 512 + 5 documents). The backward is the wgmma
-// path's: the 128-key tile at D=128 dense, 64x64 otherwise (PERF.md, the wgmma path). Head dim
+// against 2.03 ms for the best tma plan at window 512 + 5 documents). The backward is the tma
+// path's at head dims 64 and 128 (PERF.md, "The tma backward": hero causal 13.8 ms against the
+// wgmma 64x128's 16.9, window + documents 5.18 against 6.06-6.57, llama3-1b at S=32768 33.6
+// against 39.0; at the GPT-2 shape the wgmma 64x64 is 6% faster, 0.193 against 0.205 ms, and
+// stays a sweep candidate); head dim 256 keeps the wgmma rows, which refuse it. Head dim
 // 32 keeps the mma.sync rows, the fastest correct of `flashtrain sweep --all-paths` before the
 // wgmma path (docs/SWEEP.md). sm100 takes sm90's mma.sync rows unmeasured (wgmma is sm90 only),
 // sm80 the same tiles (they fit its shared memory); sm86/89 and sm120 (99 KB per block) the
@@ -656,10 +659,10 @@ constexpr DefaultRow kDefaults[] = {
     {"sm86", 256, MaskClass::local, "fwd=64x64/128 bwd=64x64/128/single"},
     {"sm90", 32, MaskClass::dense, "fwd=128x64/128 bwd=64x128/256/double"},
     {"sm90", 32, MaskClass::local, "fwd=64x64/128 bwd=64x64/128/double"},
-    {"sm90", 64, MaskClass::dense, "fwd=128x128/384/tma/s2/pp bwd=64x64/128/wgmma"},
-    {"sm90", 128, MaskClass::dense, "fwd=128x128/384/tma/s2/pp bwd=64x128/256/wgmma"},
+    {"sm90", 64, MaskClass::dense, "fwd=128x128/384/tma/s2/pp bwd=64x128/384/tma"},
+    {"sm90", 128, MaskClass::dense, "fwd=128x128/384/tma/s2/pp bwd=64x128/384/tma"},
     {"sm90", 256, MaskClass::dense, "fwd=128x64/384/tma/s2/pp bwd=64x128/256/wgmma"},
-    {"sm90", 128, MaskClass::local, "fwd=64x64/128/wgmma bwd=64x64/128/wgmma"},
+    {"sm90", 128, MaskClass::local, "fwd=64x64/128/wgmma bwd=64x128/384/tma"},
     {"sm90", 256, MaskClass::local, "fwd=128x64/384/tma/s2/pp bwd=64x64/128/wgmma"},
     {"sm100", 256, MaskClass::dense, "fwd=128x64/128 bwd=64x128/256/double"},
     {"sm100", 256, MaskClass::local, "fwd=64x64/128 bwd=64x64/128/double"},

@@ -32,7 +32,10 @@ KernelConfig reference_config(const KernelConfig& base) {
   KernelConfig ref;
   ref.forward = {64, 64, 128};
   ref.backward = {64, 64, 128};
-  ref.backward_path = base.backward_path;
+  // The base's backward path, in its smallest tile; the tma backward has only its plans' tiles,
+  // so a tma base is checked against the wgmma 64x64 (same hardware, simplest pipeline).
+  ref.backward_path =
+      base.backward_path == BackwardPath::tma ? BackwardPath::wgmma : base.backward_path;
   return ref;
 }
 

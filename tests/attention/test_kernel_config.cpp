@@ -328,9 +328,9 @@ TEST(KernelConfig, DefaultsDependOnTheMaskClass) {
   const DeviceLimits sm90 = DeviceLimits::for_arch("sm90");
   Problem p = bf16_problem(128);
   EXPECT_EQ(mask_class_of(p.mask), MaskClass::dense);
-  EXPECT_EQ(default_config(sm90, p).str(), "fwd=128x128/384/tma/s2/pp bwd=64x128/256/wgmma");
+  EXPECT_EQ(default_config(sm90, p).str(), "fwd=128x128/384/tma/s2/pp bwd=64x128/384/tma");
   EXPECT_EQ(default_config(sm90, 64, MaskClass::dense).str(),
-            "fwd=128x128/384/tma/s2/pp bwd=64x64/128/wgmma");
+            "fwd=128x128/384/tma/s2/pp bwd=64x128/384/tma");
   EXPECT_EQ(default_config(sm90, 256, MaskClass::dense).str(),
             "fwd=128x64/384/tma/s2/pp bwd=64x128/256/wgmma")
       << "head dim 256: the tma forward (no backward kernel runs it)";
@@ -339,7 +339,7 @@ TEST(KernelConfig, DefaultsDependOnTheMaskClass) {
       << "head dim 32 has no wgmma kernels";
   p.mask.window = 512;
   EXPECT_EQ(mask_class_of(p.mask), MaskClass::local);
-  EXPECT_EQ(default_config(sm90, p).str(), "fwd=64x64/128/wgmma bwd=64x64/128/wgmma");
+  EXPECT_EQ(default_config(sm90, p).str(), "fwd=64x64/128/wgmma bwd=64x128/384/tma");
   EXPECT_EQ(default_config(sm90, 256, MaskClass::local).str(),
             "fwd=128x64/384/tma/s2/pp bwd=64x64/128/wgmma");
   p.mask.window = 0;

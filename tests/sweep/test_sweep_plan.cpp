@@ -120,8 +120,13 @@ TEST(SweepShapes, BadShapesNameTheFlag) {
 TEST(SweepCandidates, ReferenceIsFixedAndNeverRepeated) {
   const KernelConfig base = attention::default_config(DeviceLimits::for_arch("sm90"), 128);
   const KernelConfig ref = reference_config(base);
-  EXPECT_EQ(ref.str(), "fwd=64x64/128 bwd=64x64/128/" +
-                           std::string(attention::backward_path_name(base.backward_path)));
+  // sm90's base runs the tma backward, whose only tile is its plans': the reference is the
+  // wgmma 64x64 backward there; elsewhere the base's own path.
+  EXPECT_EQ(base.backward_path, BackwardPath::tma);
+  EXPECT_EQ(ref.str(), "fwd=64x64/128 bwd=64x64/128/wgmma");
+  KernelConfig mma_base = base;
+  mma_base.backward_path = BackwardPath::double_buffered;
+  EXPECT_EQ(reference_config(mma_base).str(), "fwd=64x64/128 bwd=64x64/128/double");
   for (const std::string arch : {"sm80", "sm86", "sm90"}) {
     const KernelConfig arch_base = attention::default_config(DeviceLimits::for_arch(arch), 128);
     for (const Candidate& c : candidates_for(arch, SweepAxis::both)) {
@@ -149,7 +154,7 @@ TEST(SweepCandidates, OneAxisAtATimeWithTheBaseFirst) {
     EXPECT_EQ(c.config.backward_path, base.backward_path);
   }
   const std::vector<Candidate> bwd = candidates_for("sm90", SweepAxis::backward);
-  // The base's path (wgmma on sm90) has its own backward tiles.
+  // The base's path (tma on sm90) has its own backward tiles.
   EXPECT_EQ(bwd.size(), attention::sweep_backward_tiles(base.backward_path).size());
   for (const Candidate& c : bwd) EXPECT_EQ(c.config.forward, base.forward) << c.config.str();
   const std::vector<Candidate> both = candidates_for("sm90", SweepAxis::both);
@@ -162,14 +167,15 @@ TEST(SweepCandidates, OneAxisAtATimeWithTheBaseFirst) {
   // Every path: the axes once per path, the base once.
   const std::vector<Candidate> paths =
       candidates_for("sm90", SweepAxis::both, attention::all_backward_paths());
-  // The base's path once, then each mma path: every forward tile and its 12 backward tiles (6
-  // tiles x {128, 256} threads), the base tiles once; then the tma path.
+  // The base's path (tma) once, then each other path: every forward tile with the path's first
+  // backward tile (the base's tile is not one of theirs), then its other backward tiles: 12 for
+  // each mma path (6 tiles x {128, 256} threads); on the wgmma path the forward 64x64 with the
+  // backward 64x64 is the reference, listed once, apart.
   const size_t mma_bwd = attention::sweep_backward_tiles(BackwardPath::double_buffered).size();
   EXPECT_EQ(mma_bwd, 12u);
-  // The tma path: every forward tile with its own backward tile (the base's is not one of its
-  // tiles), then its other backward tiles.
-  const size_t tma_bwd = attention::sweep_backward_tiles(BackwardPath::tma).size();
-  EXPECT_EQ(paths.size(), both.size() + 2 * (fwd.size() + mma_bwd - 1) + fwd.size() + tma_bwd - 1);
+  const size_t wgmma_bwd = attention::sweep_backward_tiles(BackwardPath::wgmma).size();
+  EXPECT_EQ(paths.size(),
+            both.size() + 2 * (fwd.size() + mma_bwd - 1) + fwd.size() + wgmma_bwd - 2);
 }
 
 TEST(SweepCandidates, RefusalsCarryCanImplementsReasons) {

@@ -290,7 +290,7 @@ Gradients flash_backward(const Problem& p, const Tensor& q, const Tensor& k, con
   Tensor dq_semaphore;  // freed stream-ordered, after the kernel that uses it
   if (p.deterministic) {
     const int64_t q_tiles = (p.seq_len + 63) / 64;
-    dq_semaphore = Tensor::empty({p.batch, p.q_heads, q_tiles}, DType::i32, Device::cuda);
+    dq_semaphore = Tensor::empty({p.batch, p.q_heads, q_tiles, 2}, DType::i32, Device::cuda);
     fp.dq_semaphore = dq_semaphore.data<int32_t>();
     FT_CUDA_CHECK(cudaMemsetAsync(fp.dq_semaphore, 0, dq_semaphore.nbytes(), stream));
   }

@@ -38,8 +38,9 @@ struct FlashParams {
   // part of dK and of dV, summed over the group into dk and dv.
   float* dkv_part = nullptr;
   float* dsum = nullptr;  // [B, Hq, S] fp32: D = rowsum(dO * O)
-  // Deterministic backward (tma path): [B, Hq, ceil(S / 64)] zeroed counters that fix the order
-  // of the dQ reductions per query tile; null: any order.
+  // Deterministic backward (tma path): [B, Hq, ceil(S / 64), 2] zeroed counters that fix the
+  // order of the dQ reductions per query tile (and consumer, where their columns differ); null:
+  // any order.
   int* dq_semaphore = nullptr;
   // Mask.
   const int32_t* segment_ids = nullptr;          // [B, S] or null

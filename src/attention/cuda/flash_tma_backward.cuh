@@ -11,15 +11,16 @@
 // A consumer's step: S^T = K Q^T and dP^T = V dO^T (shared-memory products; P^T is computed
 // while dP^T runs), dS^T = P^T (dP^T - D), dS^T into shared memory (two buffers: the other group
 // reads it for dQ), then dQ = dS K from shared memory and dV += P^T dO, dK += dS^T Q with the
-// left operand from registers. Its dQ part (64 rows x 64 columns, fp32) goes through a staging
-// tile (two, alternating) and leaves by TMA reductions into the fp32 dQ buffer: no consumer
-// thread waits on the global memory.
+// left operand from registers. Its dQ part (64 rows x 64 columns, fp32) goes into a staging tile
+// (two per consumer, alternating, guarded by mbarriers) and one thread of the producer
+// warpgroup, the dQ writer, adds it to the fp32 dQ buffer by TMA reductions: no consumer thread
+// waits on global memory.
 //
 // Deterministic mode (FlashParams::dq_semaphore): the reductions into each query tile of dQ
-// happen in a fixed order, key block by key block (then consumer by consumer): a counter per
-// query tile says whose turn it is. Tiles that segment ids hide are then computed (fully
-// masked, a zero part) rather than skipped, so that every key block in a query tile's range
-// takes its turn.
+// happen in a fixed order, key block by key block (then consumer by consumer where their parts
+// meet): a counter per query tile says whose turn it is, and only the writer waits for it. Tiles
+// that segment ids hide are then computed (fully masked, a zero part) rather than skipped, so that
+// every key block in a query tile's range takes its turn.
 #pragma once
 
 #include "attention/cuda/flash_bf16.cuh"
@@ -70,10 +71,12 @@ struct BackwardSmem {
   static constexpr int64_t kLse = kDq + 2 * kGroups * kDqTile;
   static constexpr int64_t kDsum = kLse + P.stages * BM * 4;
   static constexpr int64_t kBarriers = kDsum + P.stages * BM * 4;
-  static constexpr int kBarrierCount = 1 + 2 * P.stages;  // K and V; full and empty per slot
+  // K and V; full and empty per ring slot; full and empty per dQ staging tile.
+  static constexpr int kBarrierCount = 1 + 2 * P.stages + 4 * kGroups;
   static constexpr int64_t kInfo = kBarriers + 8 * kBarrierCount;
+  static constexpr int64_t kDqInfo = kInfo + 16 * P.stages;
   static_assert(P.dq_slots() == 2, "two dQ staging tiles per consumer");
-  static_assert(kInfo + 16 * P.stages <= kBarriers + TmaBackwardPlan::barrier_bytes(),
+  static_assert(kDqInfo + 16 * 2 * kGroups <= kBarriers + TmaBackwardPlan::barrier_bytes(),
                 "barriers and step records fit");
   static_assert(kBarriers + TmaBackwardPlan::barrier_bytes() + TmaBackwardPlan::align_slack() ==
                     P.smem_bytes(),
@@ -111,13 +114,20 @@ struct BackwardSmem {
     return at<uint64_t>(kBarriers) + 1 + P.stages + slot;
   }
   __device__ StepInfo* info(int slot) const { return at<StepInfo>(kInfo) + slot; }
+  // Staging tile (slot, g): staged (its step's record written), and read by the copy engine.
+  __device__ uint64_t* dq_full(int slot, int g) const {
+    return at<uint64_t>(kBarriers) + 1 + 2 * P.stages + slot * kGroups + g;
+  }
+  __device__ uint64_t* dq_empty(int slot, int g) const {
+    return at<uint64_t>(kBarriers) + 1 + 2 * P.stages + 2 * kGroups + slot * kGroups + g;
+  }
+  __device__ StepInfo* dq_info(int slot, int g) const {
+    return at<StepInfo>(kDqInfo) + slot * kGroups + g;
+  }
 };
 
-// Named barriers: the consumers' dS^T is complete (both groups); group g's dQ part is staged.
+// Named barrier: the consumers' dS^T is complete (both groups).
 constexpr int kDsBarrier = 1;
-__device__ __forceinline__ constexpr int staged_barrier(int g) {
-  return 2 + g;
-}
 
 // The key block's steps: query tiles [qb_begin, qb_begin + q_blocks) of each query head of the
 // group, heads outer.
@@ -163,8 +173,8 @@ __device__ __forceinline__ void produce(const TmaBackwardArgs& a, const Backward
   // Hands the consumers one slot: the step's record, lse and D of its rows (every lane writes
   // two rows and arrives), Q and dO by TMA when `load`.
   auto send = [&](const StepInfo& info, bool load) {
-    if (lane == 0) mbar_wait(s.empty(ring.slot), ring.parity ^ 1);
-    __syncwarp();
+    // Every lane waits: each rewrites lse and D that consumer threads read.
+    mbar_wait(s.empty(ring.slot), ring.parity ^ 1);
     uint64_t* full = s.full(ring.slot);
     if (load) {
       const int64_t row = (int64_t{b} * p.q_heads + info.head) * S;
@@ -246,6 +256,63 @@ __device__ __forceinline__ void pass_turn(int* counter) {
   atomicAdd(counter, 1);
 }
 
+// ---- dQ writer ----
+
+// The counter and turn of consumer g's part of query tile (h, q0) in deterministic mode. With
+// the head dim's columns split between the groups their parts never meet: a counter per group,
+// turns key block by key block; otherwise one counter, turns key block by key block, then group
+// by group.
+template <int PLAN>
+__device__ __forceinline__ int* turn_counter(const FlashParams& p, int h, int q0, int g,
+                                             int& turn) {
+  constexpr TmaBackwardPlan P = kTmaBackwardPlans[PLAN];
+  const int q_tiles = (p.seq_len + P.block_m - 1) / P.block_m;
+  const int first_block = key_range(p, q0, min(q0 + P.block_m, p.seq_len)).x / P.block_n;
+  const int blocks_before = blockIdx.x - first_block;
+  const bool split = P.dq_splits_columns();
+  turn = split ? blocks_before : blocks_before * P.consumer_groups() + g;
+  const int64_t tile = (int64_t{blockIdx.z} * p.q_heads + h) * q_tiles + q0 / P.block_m;
+  return p.dq_semaphore + 2 * tile + (split ? g : 0);
+}
+
+// One thread of the producer warpgroup: per step, each consumer's staged dQ part into the dQ
+// buffer by TMA reductions (in deterministic mode once it is the part's turn), then the staging
+// tiles back to the consumers once the copy engine has read them. A record with no head ends.
+template <int PLAN>
+__device__ __forceinline__ void write_dq(const TmaBackwardArgs& a, const BackwardSmem<PLAN>& s) {
+  constexpr TmaBackwardPlan P = kTmaBackwardPlans[PLAN];
+  constexpr int kGroups = P.consumer_groups();
+  const FlashParams& p = a.p;
+  const bool deterministic = p.dq_semaphore != nullptr;
+  const int column0 = P.dq_splits_columns() ? kPanel : 0;  // group g's first column: g * column0
+  tma_prefetch_map(&a.dq);
+  RingPosition<2> ring;
+  for (;;) {
+    for (int g = 0; g < kGroups; ++g) {
+      mbar_wait(s.dq_full(ring.slot, g), ring.parity);
+      const StepInfo info = *s.dq_info(ring.slot, g);
+      if (info.head < 0) {  // every group ends at the same step
+        tma_store_wait_all();
+        return;
+      }
+      int turn = 0;
+      int* counter = deterministic ? turn_counter<PLAN>(p, info.head, info.q0, g, turn) : nullptr;
+      if (deterministic) wait_turn(counter, turn);
+      const float* staged = s.dq(ring.slot, g);
+#pragma unroll
+      for (int box = 0; box < 2; ++box) {
+        tma_reduce_add(&a.dq, staged + box * 64 * 32, g * column0 + box * 32, info.head, info.q0,
+                       blockIdx.z);
+      }
+      tma_store_commit();
+      if (deterministic) pass_turn(counter);
+    }
+    tma_store_wait_read();
+    for (int g = 0; g < kGroups; ++g) mbar_arrive(s.dq_empty(ring.slot, g));
+    ring.advance();
+  }
+}
+
 // ---- consumer ----
 
 template <int PLAN, bool SEG>
@@ -263,7 +330,6 @@ __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const Backward
   const int hk = blockIdx.y, b = blockIdx.z, S = p.seq_len;
   const KeyBlockSteps steps(p, BM, BN);
   const int k0 = steps.k0;
-  const bool deterministic = p.dq_semaphore != nullptr;
 
   // This group's keys start at key_base; this thread's accumulator rows are key_row and
   // key_row + 8.
@@ -299,11 +365,12 @@ __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const Backward
 
   mbar_wait(s.kv_full(), 0);
   RingPosition<P.stages> ring;
+  RingPosition<2> dq_ring;  // the staging tiles
   for (int local = 0;; ++local) {
     mbar_wait(s.full(ring.slot), ring.parity);
     const StepInfo info = *s.info(ring.slot);
     if (info.head < 0) break;
-    const int stage = ring.slot, h = info.head, q0 = info.q0;
+    const int stage = ring.slot, q0 = info.q0;
     const bool partial = k0 + BN > S || info.cover == static_cast<int>(Cover::partial);
     const uint64_t q_stage = advance(q_desc, stage * kStageBytes);
     const uint64_t do_stage = advance(do_desc, stage * kStageBytes);
@@ -433,40 +500,31 @@ __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const Backward
     wg_wait<1>();
     pin(dq);
 
-    // The dQ part: staged (the tile of two steps ago was read before the last barrier below),
-    // then one thread hands it to the copy engine.
-    float* staged = s.dq(local & 1, g);
-    stage_dq(staged, dq, warp, lane);
+    // The dQ part into this step's staging tile, for the writer thread, once the copy engine
+    // has read the tile's last part.
+    mbar_wait(s.dq_empty(dq_ring.slot, g), dq_ring.parity ^ 1);
+    stage_dq(s.dq(dq_ring.slot, g), dq, warp, lane);
     fence_async_shared();
-    if (tid == 0) tma_store_wait_read();  // the last step's part has left its tile
-    named_sync(staged_barrier(g), 128);
-    if (tid == 0) {
-      int* counter = nullptr;
-      if (deterministic) {
-        const int q_tiles = (S + BM - 1) / BM;
-        counter = p.dq_semaphore + (int64_t{b} * p.q_heads + h) * q_tiles + q0 / BM;
-        const int first_block = key_range(p, q0, min(q0 + BM, S)).x / BN;
-        wait_turn(counter, (blockIdx.x - first_block) * kGroups + g);
-      }
-#pragma unroll
-      for (int box = 0; box < 2; ++box) {
-        tma_reduce_add(&a.dq, staged + box * 64 * 32, dq_panel * kPanel + box * 32, h, q0, b);
-      }
-      tma_store_commit();
-      if (deterministic) pass_turn(counter);
-    }
+    if (tid == 0) *s.dq_info(dq_ring.slot, g) = info;
+    __syncwarp();
+    if (lane == 0) mbar_arrive(s.dq_full(dq_ring.slot, g));
+    dq_ring.advance();
 
     wg_wait<0>();
     pin(dv);
     pin(dk);
     pin(ap);
     pin(ads);
-    // The slot's Q, dO, lse and D are read: the producer may refill it.
-    __syncwarp();
-    if (lane == 0) mbar_arrive(s.empty(stage));
+    // The slot's Q, dO, lse and D are read: the producer may refill it. Every thread arrives
+    // (its own reads of lse and D are then ordered before the producer's rewrite).
+    mbar_arrive(s.empty(stage));
     ring.advance();
   }
-  if (tid == 0) tma_store_wait_all();
+  // The writer's end record.
+  mbar_wait(s.dq_empty(dq_ring.slot, g), dq_ring.parity ^ 1);
+  if (tid == 0) *s.dq_info(dq_ring.slot, g) = {-1, 0, 0, 0};
+  __syncwarp();
+  if (lane == 0) mbar_arrive(s.dq_full(dq_ring.slot, g));
 
   auto* dk_base = static_cast<__nv_bfloat16*>(p.dk) + (int64_t{b} * S * p.kv_heads + hk) * D;
   auto* dv_base = static_cast<__nv_bfloat16*>(p.dv) + (int64_t{b} * S * p.kv_heads + hk) * D;
@@ -498,8 +556,14 @@ __global__ void __launch_bounds__(kTmaBackwardPlans[PLAN].threads(), 1)
   if (threadIdx.x == 0) {
     mbar_init(s.kv_full(), 1);
     for (int i = 0; i < P.stages; ++i) {
-      mbar_init(s.full(i), 32);                        // every producer lane (lse and D)
-      mbar_init(s.empty(i), 4 * P.consumer_groups());  // every consumer warp
+      mbar_init(s.full(i), 32);                          // every producer lane (lse and D)
+      mbar_init(s.empty(i), 128 * P.consumer_groups());  // every consumer thread
+    }
+    for (int slot = 0; slot < 2; ++slot) {
+      for (int g = 0; g < P.consumer_groups(); ++g) {
+        mbar_init(s.dq_full(slot, g), 4);   // the group's warps
+        mbar_init(s.dq_empty(slot, g), 1);  // the writer
+      }
     }
     mbar_fence_init();
   }
@@ -508,6 +572,7 @@ __global__ void __launch_bounds__(kTmaBackwardPlans[PLAN].threads(), 1)
   if (warpgroup == 0) {
     release_registers<P.producer_registers()>();
     if (threadIdx.x < 32) produce<PLAN, SEG>(args, s);
+    if (threadIdx.x == 32) write_dq<PLAN>(args, s);
   } else {
     claim_registers<P.consumer_registers()>();
     consume<PLAN, SEG>(args, s, warpgroup - 1);
