@@ -206,7 +206,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     The documents become our segment ids over one packed row, so nothing crosses a document
     boundary, and causal and window masks count positions within each document. Query and key
     documents must be the same (``cu_seqlens_q`` equal to ``cu_seqlens_k``); rows past
-    ``cu_seqlens[-1]`` are padding and get zero output and zero gradient.
+    ``cu_seqlens[-1]`` are padding and get zero output and zero gradient. Passing one tensor as
+    both skips the equality check, which waits for the GPU (it is skipped under torch.compile).
     """
     _check_tensors(q, k, v, 3, "[total tokens, heads, head dim]")
     _check_unsupported(dropout_p, softcap, alibi_slopes, deterministic, return_attn_probs, q)
