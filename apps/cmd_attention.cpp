@@ -12,6 +12,7 @@
 #include "commands.h"
 #include "core/device.h"
 #include "core/npy.h"
+#include "core/output_path.h"
 
 #ifdef FLASHTRAIN_WITH_CUDA
 #include "core/cuda/runtime.h"
@@ -38,10 +39,20 @@ Tensor load_float_input(const std::string& flag, const std::string& path, DType 
   return t.dtype() == dtype ? t : t.to(dtype);
 }
 
-Tensor load_segment_ids(const std::string& path) {
-  Tensor t = npy::load(path);
+// int32 or int64 ids [B, S] for queries q [B, S, Hq, D].
+Tensor load_segment_ids(const std::string& path, const Tensor& q) {
+  Tensor t;
+  try {
+    t = npy::load(path);
+  } catch (const Error&) {
+    t = npy::load_ids(path);  // int64 ('<i8') is no tensor dtype: read as int32, range-checked
+  }
   FT_CHECK(t.dtype() == DType::i32, "--segment-ids ", path, " has dtype ", dtype_name(t.dtype()),
-           "; expected int32");
+           "; expected int32 or int64");
+  FT_CHECK(t.ndim() == 2 && q.ndim() == 4 && t.dim(0) == q.dim(0) && t.dim(1) == q.dim(1),
+           "--segment-ids ", path, " has shape ", shape_str(t.shape()), "; expected [B, S] = [",
+           q.ndim() == 4 ? q.dim(0) : 0, ", ", q.ndim() == 4 ? q.dim(1) : 0, "] for --q ",
+           shape_str(q.shape()));
   return t;
 }
 
@@ -111,18 +122,26 @@ void run_attention(const AttentionOptions& opt) {
   const DType dtype = parse_dtype(opt.dtype);
   FT_CHECK(dtype == DType::f32 || dtype == DType::bf16, "--dtype ", opt.dtype,
            " is not supported (allowed: fp32, bf16)");
+  FT_CHECK(impl != attention::Impl::reference || device == Device::cpu,
+           "--impl reference is the fp64 CPU oracle; use --device cpu (or --impl naive|flash)");
+  FT_CHECK(opt.window >= 0, "--window must be >= 0 (0: none), got ", opt.window);
+  FT_CHECK(std::isfinite(opt.scale) && opt.scale >= 0,
+           "--scale must be a finite number >= 0 "
+           "(0: 1/sqrt(D)), got ",
+           opt.scale);
   const Tensor q = load_float_input("q", opt.q, dtype);
   const Tensor k = load_float_input("k", opt.k, dtype);
   const Tensor v = load_float_input("v", opt.v, dtype);
-  const Tensor segments = opt.segment_ids.empty() ? Tensor{} : load_segment_ids(opt.segment_ids);
+  const Tensor segments = opt.segment_ids.empty() ? Tensor{} : load_segment_ids(opt.segment_ids, q);
   attention::Mask mask;
   mask.causal = opt.causal;
   mask.window = opt.window;
   mask.has_segments = segments.defined();
   const attention::Problem problem = attention::make_problem(q, k, v, mask, opt.scale);
   const Tensor dout = opt.dout.empty() ? Tensor{} : load_float_input("do", opt.dout, dtype);
-  std::printf("attention %s on %s: %s\n", attention::impl_name(impl), device_name(device),
-              problem.describe().c_str());
+  FT_CHECK(!dout.defined() || dout.shape() == q.shape(), "--do ", opt.dout, " has shape ",
+           shape_str(dout.shape()), "; it must have the shape of --q ", shape_str(q.shape()));
+  prepare_output_dir(opt.out_dir, "--out-dir");  // before any work: the results must land
   attention::KernelConfig config;
   const attention::KernelConfig* config_arg = nullptr;
   if (!opt.config.empty()) {
@@ -131,6 +150,8 @@ void run_attention(const AttentionOptions& opt) {
     config = attention::KernelConfig::parse(opt.config);
     config_arg = &config;
   }
+  std::printf("attention %s on %s: %s\n", attention::impl_name(impl), device_name(device),
+              problem.describe().c_str());
   if (impl == attention::Impl::flash && device == Device::cuda && dtype == DType::bf16) {
     const auto& limits = attention::DeviceLimits::current();
     std::printf("kernels %s (%s)\n",
@@ -159,7 +180,6 @@ void run_attention(const AttentionOptions& opt) {
   }
   fwd.saved = Tensor{};  // naive's S x S probabilities are not needed any more
   const Tensor o = on_cpu(fwd.o), lse = on_cpu(fwd.lse);
-  std::filesystem::create_directories(opt.out_dir);
   write_output(opt.out_dir, "o", o);
   write_output(opt.out_dir, "lse", lse);
   if (dout.defined()) {
@@ -196,7 +216,7 @@ void add_attention_command(CLI::App& app) {
   cmd->add_option("--v", opt->v, "values .npy, same shape as --k")->required();
   cmd->add_option("--do", opt->dout, "output gradient .npy like --q; also runs backward");
   cmd->add_option("--segment-ids", opt->segment_ids,
-                  "int32 .npy [B, S]: attend within equal ids; -1 marks padding");
+                  "int32 or int64 .npy [B, S]: attend within equal ids; -1 marks padding");
   cmd->add_option("--out-dir", opt->out_dir, "directory for o.npy, lse.npy, dq/dk/dv.npy")
       ->required();
   cmd->add_option("--impl", opt->impl, "implementation: reference, naive or flash")

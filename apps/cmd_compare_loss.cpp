@@ -1,6 +1,7 @@
 // `flashtrain compare-loss BASE TEST`: per-step loss alignment of two sets of runs (a baseline
 // and a test, e.g. naive and flash attention), paired by case name. The library does the work
 // (train/run_report.h); this file parses flags and maps the outcome to the exit status.
+#include <cmath>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -20,6 +21,11 @@ struct CompareLossFlags {
 };
 
 void run(const CompareLossFlags& f) {
+  for (const auto& [flag, value] : {std::pair{"--threshold-fp32", f.thresholds.fp32},
+                                    std::pair{"--threshold-bf16", f.thresholds.bf16}}) {
+    FT_CHECK(std::isfinite(value) && value >= 0, flag, " must be a finite number >= 0, got ",
+             value);
+  }
   const train::RunSides sides = load_sides_or_exit(f.base, f.test);
   const std::vector<train::CasePair> pairs = sides.pairs();
   const std::vector<train::LossComparison> cases = train::compare_all_losses(pairs, f.thresholds);

@@ -23,6 +23,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "core/npy.h"
+#include "core/output_path.h"
 #include "models/checkpoint.h"
 #include "models/transformer.h"
 #include "nn/adamw.h"
@@ -39,11 +40,11 @@ struct DebugStepFlags {
   nn::AdamWConfig adamw;
 };
 
-// int32 [B, T] ids in [0, vocab), T within the model's context.
+// [B, T] ids (int32 or int64 .npy) in [0, vocab), T within the model's context.
 Tensor load_ids(const std::string& path, const char* what, const models::ModelConfig& mc) {
-  Tensor ids = npy::load(path);
-  FT_CHECK(ids.dtype() == DType::i32 && ids.ndim() == 2, path, ": ", what,
-           " must be int32 [B, T], got ", dtype_name(ids.dtype()), " ", shape_str(ids.shape()));
+  Tensor ids = npy::load_ids(path);
+  FT_CHECK(ids.ndim() == 2, path, ": ", what, " must be [B, T], got shape ",
+           shape_str(ids.shape()));
   FT_CHECK(ids.numel() > 0, path, ": ", what, " ", shape_str(ids.shape()), " is empty");
   FT_CHECK(ids.dim(1) <= mc.max_seq_len, path, ": ", what, " have T = ", ids.dim(1),
            ", more than the model's context ", mc.max_seq_len);
@@ -69,7 +70,10 @@ void write_json(const std::string& path, const nlohmann::json& j) {
 void run(const DebugStepFlags& f) {
   FT_CHECK(f.steps >= 0, "--steps must be >= 0, got ", f.steps);
   FT_CHECK(f.lr >= 0 && std::isfinite(f.lr), "--lr must be a finite number >= 0, got ", f.lr);
-  FT_CHECK(f.grad_clip >= 0, "--grad-clip must be >= 0 (0: off), got ", f.grad_clip);
+  FT_CHECK(f.grad_clip >= 0 && std::isfinite(f.grad_clip),
+           "--grad-clip must be a finite number >= 0 (0: off), got ", f.grad_clip);
+  FT_CHECK(f.adamw.weight_decay >= 0 && std::isfinite(f.adamw.weight_decay),
+           "--weight-decay must be a finite number >= 0, got ", f.adamw.weight_decay);
   const Device device = f.device == "cuda" ? Device::cuda : Device::cpu;
   if (device == Device::cuda) {
     FT_CHECK(cuda_device_count() > 0, "--device cuda: ", cuda_unavailable_reason());
@@ -84,9 +88,9 @@ void run(const DebugStepFlags& f) {
   FT_CHECK(targets.shape() == tokens.shape(), f.targets_path, ": targets ",
            shape_str(targets.shape()), " must have the shape of the tokens ",
            shape_str(tokens.shape()));
+  prepare_output_dir(f.out_dir, "--out-dir");  // before any work: the dumps must land
   models::Transformer model(mc, dtype, attention, device);
   models::load_checkpoint(f.load_path, model);
-  std::filesystem::create_directories(f.out_dir);
   const std::filesystem::path dir(f.out_dir);
 
   // Step 1, dumped: the classifier backward overwrites the logits, so save them first.
@@ -141,8 +145,10 @@ void add_debug_step_command(CLI::App& app) {
       "Run training steps on one fixed batch and dump logits, loss, every gradient and the "
       "losses of AdamW steps (for parity checks against another framework)");
   cmd->add_option("--load", f.load_path, "llm.c checkpoint (GPT-2 or LLaMA-3)")->required();
-  cmd->add_option("--tokens", f.tokens_path, "Input token ids, .npy int32 [B, T]")->required();
-  cmd->add_option("--targets", f.targets_path, "Target token ids, .npy int32 [B, T]")->required();
+  cmd->add_option("--tokens", f.tokens_path, "Input token ids, .npy int32 or int64 [B, T]")
+      ->required();
+  cmd->add_option("--targets", f.targets_path, "Target token ids, .npy int32 or int64 [B, T]")
+      ->required();
   cmd->add_option("--out-dir", f.out_dir, "Directory for the outputs (created if missing)")
       ->required();
   cmd->add_option("--device", f.device, "cpu or cuda")

@@ -10,6 +10,7 @@
 
 #include "commands.h"
 #include "core/error.h"
+#include "core/output_path.h"
 #include "report_args.h"
 #include "train/run_report.h"
 
@@ -23,6 +24,14 @@ struct SummarizeFlags {
 };
 
 void run(const SummarizeFlags& f) {
+  if (!f.csv_path.empty()) {
+    try {
+      check_writable_file(f.csv_path, "--csv");  // before the logs are read
+    } catch (const Error& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      throw CLI::RuntimeError(train::report_bad_input);
+    }
+  }
   const train::RunSides sides = load_sides_or_exit(f.base, f.test);
   const std::vector<train::PerfRow> rows = train::summarize_runs(sides.pairs(), f.include_step1);
   if (!f.csv_path.empty()) {

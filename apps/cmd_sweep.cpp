@@ -9,6 +9,7 @@
 #include <string>
 
 #include "commands.h"
+#include "core/output_path.h"
 #include "sweep/sweep.h"
 #include "sweep/worker.h"
 
@@ -36,6 +37,9 @@ void run(const SweepCommand& cmd) {
     std::fflush(nullptr);
     std::_Exit(code);
   }
+  // The tables are written after the whole sweep: their paths are checked before it.
+  if (!cmd.opt.json_path.empty()) check_writable_file(cmd.opt.json_path, "--json");
+  if (!cmd.opt.csv_path.empty()) check_writable_file(cmd.opt.csv_path, "--csv");
   const int code = sweep::run_sweep(cmd.opt, self_path(), std::cout, std::cerr);
   if (code != 0) std::exit(code);
 }

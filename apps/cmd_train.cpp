@@ -1,34 +1,76 @@
-// `flashtrain train`: flags -> TrainConfig -> ft::train::train().
+// `flashtrain train`: flags -> TrainConfig -> ft::train::train(). SIGINT and SIGTERM ask the run
+// to stop after the current step (it saves, logs and exits 130); a second one exits at once.
+#include <atomic>
+#include <csignal>
+#include <filesystem>
 #include <iostream>
+#include <optional>
+
+#include <unistd.h>
 
 #include "commands.h"
 #include "core/device.h"
 #include "core/error.h"
+#include "device_flag.h"
 #include "models/config.h"
 #include "train/trainer.h"
 
 namespace ft::cli {
 namespace {
 
-struct TrainFlags {
-  train::TrainConfig config;
-  std::string dtype = "fp32", device = "auto", attention = "naive";
-  int64_t layers = 0, width = 0, heads = 0, kv_heads = 0, vocab = 0, context = 0;
-  bool list_models = false, rope_scaling = false;
+constexpr int kInterruptedExit = 130;  // 128 + SIGINT, as shells report an interrupted job
+
+std::atomic<bool> g_stop_requested{false};
+std::atomic<int> g_stop_signals{0};
+static_assert(std::atomic<bool>::is_always_lock_free && std::atomic<int>::is_always_lock_free,
+              "the signal handler needs lock-free atomics");
+
+extern "C" void on_stop_signal(int) {
+  if (g_stop_signals.fetch_add(1) > 0) ::_exit(kInterruptedExit);  // the second: at once
+  g_stop_requested.store(true);
+  static const char kMessage[] =
+      "\ninterrupt: finishing the current step, then saving and logging (interrupt again to "
+      "stop at once)\n";
+  const ssize_t written = ::write(STDERR_FILENO, kMessage, sizeof kMessage - 1);
+  (void)written;
+}
+
+// SIGINT and SIGTERM go to on_stop_signal while a run trains; the old handlers come back after.
+class StopSignals {
+ public:
+  StopSignals() {
+    struct sigaction action {};
+    action.sa_handler = on_stop_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;  // the step's reads and writes carry on
+    sigaction(SIGINT, &action, &old_int_);
+    sigaction(SIGTERM, &action, &old_term_);
+  }
+  ~StopSignals() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  struct sigaction old_int_ {};
+  struct sigaction old_term_ {};
 };
 
-Device resolve_device(const std::string& flag, std::ostream& out) {
-  if (flag == "cpu") return Device::cpu;
-  if (flag == "cuda") {
-    FT_CHECK(cuda_device_count() > 0, "--device cuda: ", cuda_unavailable_reason());
-    return Device::cuda;
-  }
-  if (cuda_device_count() > 0 && cuda_training_supported()) return Device::cuda;
-  if (cuda_device_count() > 0) {
-    out << "note: a GPU is present, but this build trains on the CPU only (the CUDA training "
-           "backend is not built yet)\n";
-  }
-  return Device::cpu;
+struct TrainFlags {
+  train::TrainConfig config;
+  std::string dtype = "fp32", device = "auto", attention = "naive", lr_schedule = "cosine";
+  int64_t layers = 0, width = 0, heads = 0, kv_heads = 0, vocab = 0, context = 0;
+  bool list_models = false, rope_scaling = false;
+  CLI::App* cmd = nullptr;  // to tell a flag given on the command line from its default
+};
+
+// A shape override given on the command line: it must be >= 1.
+std::optional<int64_t> override_flag(const CLI::App& cmd, const char* flag, int64_t value) {
+  if (cmd.count(flag) == 0) return std::nullopt;
+  FT_CHECK(value >= 1, flag, " must be >= 1, got ", value);
+  return value;
 }
 
 void run(TrainFlags& f) {
@@ -39,20 +81,28 @@ void run(TrainFlags& f) {
     return;
   }
   train::TrainConfig& c = f.config;
-  auto positive = [](int64_t v) { return v > 0 ? std::optional<int64_t>(v) : std::nullopt; };
-  c.overrides.layers = positive(f.layers);
-  c.overrides.width = positive(f.width);
-  c.overrides.heads = positive(f.heads);
-  c.overrides.kv_heads = positive(f.kv_heads);
-  c.overrides.vocab = positive(f.vocab);
-  c.overrides.context = positive(f.context);
+  const CLI::App& cmd = *f.cmd;
+  c.overrides.layers = override_flag(cmd, "--layers", f.layers);
+  c.overrides.width = override_flag(cmd, "--width", f.width);
+  c.overrides.heads = override_flag(cmd, "--heads", f.heads);
+  c.overrides.kv_heads = override_flag(cmd, "--kv-heads", f.kv_heads);
+  c.overrides.vocab = override_flag(cmd, "--vocab", f.vocab);
+  c.overrides.context = override_flag(cmd, "--context", f.context);
   if (f.rope_scaling) c.overrides.rope_scaling = true;
+  FT_CHECK(c.load_path.empty() || cmd.count("--model") == 0, "--load ", c.load_path,
+           " takes the model from the checkpoint; --model ", c.model, " would be ignored");
+  FT_CHECK(cmd.count("--tokenizer") == 0 || std::filesystem::exists(c.tokenizer), "--tokenizer ",
+           c.tokenizer, ": no such file");
   c.dtype = parse_dtype(f.dtype);
+  c.lr_decay = train::parse_lr_decay(f.lr_schedule);
   c.device = resolve_device(f.device, std::cout);
   c.attention.impl = attention::parse_impl(f.attention);
   FT_CHECK(c.attention.impl != attention::Impl::reference,
            "--attention reference is the fp64 test oracle; train with naive or flash");
-  train::train(c, std::cout);
+  c.stop_requested = &g_stop_requested;
+  const StopSignals signals;
+  const train::TrainSummary summary = train::train(c, std::cout);
+  if (summary.interrupted) throw CLI::RuntimeError(kInterruptedExit);
 }
 
 }  // namespace
@@ -94,6 +144,11 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--min-lr-frac", c.min_lr_fraction,
                   "Cosine decay ends at this fraction of the peak learning rate")
       ->capture_default_str();
+  cmd->add_option("--lr-schedule", flags->lr_schedule,
+                  "After the warm-up: cosine (decay over --steps) or constant (the peak; a "
+                  "resumed run may then extend --steps and still match a longer run)")
+      ->check(CLI::IsMember({"cosine", "constant"}))
+      ->capture_default_str();
   cmd->add_option("--weight-decay", c.adamw.weight_decay, "AdamW weight decay (matrices only)")
       ->capture_default_str();
   cmd->add_option("--grad-clip", c.grad_clip, "Clip the global gradient norm (0: off)")
@@ -123,13 +178,20 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--seed", c.seed, "Seed for initialisation, shuffling and samples")
       ->capture_default_str();
   cmd->add_flag("--shuffle", c.shuffle, "Shuffle batch order per epoch (default: in order)");
-  cmd->add_option("--log", c.log_path, "Write one JSON line per step to this file");
+  cmd->add_option("--log", c.log_path,
+                  "Write one JSON line per step to this file (a resumed run appends to it)");
   cmd->add_option("--save", c.save_path,
-                  "Save an llm.c checkpoint here at the end (and PATH.state for --resume)");
+                  "Save an llm.c checkpoint here at the end, or when interrupted (and PATH.state "
+                  "for --resume; the pair is written as one unit)");
   cmd->add_option("--save-every", c.save_every, "Also save every N steps (0: end only)")
       ->capture_default_str();
   cmd->add_option("--resume", c.resume_path,
-                  "Resume from a checkpoint written by --save (reads PATH.state)");
+                  "Resume from a checkpoint written by --save (reads PATH.state); refused when "
+                  "a flag that decides the losses differs from the saved run (--attention and "
+                  "--device may change)");
+  cmd->add_flag("--allow-schedule-change", c.allow_schedule_change,
+                "With --resume: accept a new learning-rate schedule (--steps, --lr, --warmup, "
+                "--min-lr-frac, --lr-schedule); the resumed steps follow it");
   cmd->add_option("--eval-every", c.eval_every,
                   "Validation loss every N steps (0: only after the last step)")
       ->capture_default_str();
@@ -138,6 +200,7 @@ void add_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--sample-tokens", c.sample_tokens, "Tokens per generated sample")
       ->capture_default_str();
+  flags->cmd = cmd;
   cmd->callback([flags]() { run(*flags); });
 }
 

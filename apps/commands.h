@@ -7,6 +7,8 @@
 namespace ft::cli {
 
 void add_train_command(CLI::App& app);
+void add_generate_command(CLI::App& app);
+void add_prepare_data_command(CLI::App& app);
 void add_attention_command(CLI::App& app);
 void add_debug_step_command(CLI::App& app);
 void add_compare_loss_command(CLI::App& app);

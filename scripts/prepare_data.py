@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Tokenise tinyshakespeare with the GPT-2 BPE into llm.c token shards.
 
+For other text (files, directories, JSON lines) use `flashtrain prepare-data`, whose C++ encoder
+gives the same ids (it reproduces these shards from data/tinyshakespeare.txt byte for byte).
+
 This is the script that made the shipped files in data/:
 
     data/tinyshakespeare_train.bin   llm.c token shard (magic 20240520, version 1, uint16)

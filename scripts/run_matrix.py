@@ -27,12 +27,14 @@ Writes, under the log directory:
   matrix.json               per case: command, exit status, seconds
   compare-loss_<base>_vs_<test>.md, summary_<base>_vs_<test>.{md,csv}
                             `flashtrain compare-loss` and `flashtrain summarize` on each pair
-  plots_<base>_vs_<test>/   with --plot (scripts/plot_runs.py; needs matplotlib)
+  plots_<base>_vs_<test>/   with --plot (scripts/plot_runs.py; needs matplotlib: without it,
+                            --plot is refused before any case runs, exit 2)
 A case that fails is reported and the matrix goes on. A case of a base group (a "base" of
 "compare") whose log records that it ran out of memory is not a failed case: compare-loss and
 summarize report it as a baseline that does not fit. Exit status: 0 every case ran (or, in a
 base group, ran out of memory) and every comparison passed; 1 a case or a comparison failed;
-2 a bad config or command line.
+a plot that could not be drawn is a failed comparison; 2 a bad config or command line (or --plot
+without matplotlib).
 Standard library only.
 """
 
@@ -340,6 +342,14 @@ def write_json(path, obj):
         f.write("\n")
 
 
+def have_matplotlib():
+    try:
+        import matplotlib  # noqa: F401  (scripts/plot_runs.py draws with it)
+    except ImportError:
+        return False
+    return True
+
+
 def main():
     p = argparse.ArgumentParser(
         description="Run a matrix of training cases, then compare-loss and summarize each "
@@ -360,6 +370,10 @@ def main():
                    help="also draw plots with scripts/plot_runs.py (needs matplotlib)")
     args = p.parse_args()
 
+    if args.plot and not args.dry_run and not have_matplotlib():
+        print("error: --plot needs matplotlib, which this python3 cannot import "
+              "(python3 -m pip install matplotlib, or run without --plot)", file=sys.stderr)
+        return 2
     try:
         config, runs, comparisons = load_config(args.config)
     except ConfigError as e:
@@ -456,7 +470,7 @@ def main():
                                  os.path.join(logdir, f"plots_{pair}"), "--base-label",
                                  c["base"], "--test-label", c["test"]]).returncode
             if rc != 0:
-                print(f"note: plots for {pair} not drawn (plot_runs.py exit {rc})")
+                report_failures.append(f"plots {pair} (plot_runs.py exit {rc})")
 
     print(f"\nmatrix: {len(runs) - len(failed) - len(out_of_memory)}/{len(runs)} cases ran; "
           f"logs in {logdir}")

@@ -8,6 +8,7 @@
 
 #include <cctype>
 #include <charconv>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -107,22 +108,25 @@ uint32_t read_header_length(std::ifstream& in, int major, const std::string& pat
   return length;
 }
 
-// Bytes of an array of `shape` and `dtype`, or -1 when that does not fit int64.
-int64_t array_bytes(const Shape& shape, DType dtype) {
-  int64_t n = static_cast<int64_t>(dtype_size(dtype));
-  for (int64_t d : shape) {
-    if (d != 0 && n > std::numeric_limits<int64_t>::max() / d) return -1;
-    n *= d;
-  }
-  return n;
-}
-
 }  // namespace
 
-Tensor load(const std::string& path) {
+namespace {
+
+// A .npy file opened and its header read: the stream is left at the first data byte, and
+// `held` is what the file holds after the header (checked sizes are compared with it before
+// anything of that size is allocated).
+struct OpenArray {
+  std::ifstream in;
+  Header header;
+  int64_t held = 0;
+};
+
+OpenArray open_array(const std::string& path) {
+  OpenArray a;
   std::error_code ec;
   const auto file_bytes = static_cast<int64_t>(std::filesystem::file_size(path, ec));
-  std::ifstream in(path, std::ios::binary);
+  a.in.open(path, std::ios::binary);
+  std::ifstream& in = a.in;
   FT_CHECK(!ec && in.good(), path, ": cannot open .npy file");
   char magic[kMagicSize + 2] = {};
   in.read(magic, kMagicSize + 2);
@@ -140,23 +144,66 @@ Tensor load(const std::string& path) {
   in.read(dict.data(), header_length);
   FT_CHECK(in.gcount() == static_cast<std::streamsize>(header_length), path,
            ": truncated .npy file (header of ", header_length, " bytes is cut short)");
-  const Header header = parse_header(dict, path);
-  FT_CHECK(!header.fortran_order, path,
+  a.header = parse_header(dict, path);
+  FT_CHECK(!a.header.fortran_order, path,
            ": Fortran-order arrays are not supported; save a C-order array "
            "(numpy.ascontiguousarray)");
-  const DType dtype = dtype_from_descr(header.descr, path);
-  // Checked against the file before anything is allocated for it.
-  const int64_t data_bytes = array_bytes(header.shape, dtype);
-  const int64_t held = file_bytes - preamble - header_length;
-  FT_CHECK(data_bytes >= 0 && data_bytes <= held, path, ": truncated .npy file: shape ",
-           shape_str(header.shape), " needs ",
+  a.held = file_bytes - preamble - header_length;
+  return a;
+}
+
+// Refuses a shape whose `element_bytes`-sized elements the file does not hold.
+void check_held(const OpenArray& a, int64_t element_bytes, const std::string& path) {
+  int64_t data_bytes = element_bytes;
+  for (int64_t d : a.header.shape) {
+    if (d != 0 && data_bytes > std::numeric_limits<int64_t>::max() / d) {
+      data_bytes = -1;
+      break;
+    }
+    data_bytes *= d;
+  }
+  FT_CHECK(data_bytes >= 0 && data_bytes <= a.held, path, ": truncated .npy file: shape ",
+           shape_str(a.header.shape), " needs ",
            data_bytes >= 0 ? std::to_string(data_bytes) : std::string("more than 2^63"),
-           " data bytes, found ", held);
-  Tensor t = Tensor::empty(header.shape, dtype);
-  in.read(static_cast<char*>(t.raw()), static_cast<std::streamsize>(t.nbytes()));
-  FT_CHECK(in.gcount() == static_cast<std::streamsize>(t.nbytes()), path,
-           ": truncated .npy file: shape ", shape_str(header.shape), " needs ", t.nbytes(),
-           " data bytes, found ", in.gcount());
+           " data bytes, found ", a.held);
+}
+
+Tensor read_tensor(OpenArray& a, DType dtype, const std::string& path) {
+  check_held(a, static_cast<int64_t>(dtype_size(dtype)), path);
+  Tensor t = Tensor::empty(a.header.shape, dtype);
+  a.in.read(static_cast<char*>(t.raw()), static_cast<std::streamsize>(t.nbytes()));
+  FT_CHECK(a.in.gcount() == static_cast<std::streamsize>(t.nbytes()), path,
+           ": truncated .npy file: shape ", shape_str(a.header.shape), " needs ", t.nbytes(),
+           " data bytes, found ", a.in.gcount());
+  return t;
+}
+
+}  // namespace
+
+Tensor load(const std::string& path) {
+  OpenArray a = open_array(path);
+  return read_tensor(a, dtype_from_descr(a.header.descr, path), path);
+}
+
+Tensor load_ids(const std::string& path) {
+  OpenArray a = open_array(path);
+  if (a.header.descr == "<i4") return read_tensor(a, DType::i32, path);
+  FT_CHECK(a.header.descr == "<i8", path,
+           ": token ids must be integers ('<i4' int32 or '<i8' int64), got .npy dtype '",
+           a.header.descr, "'");
+  check_held(a, 8, path);
+  const int64_t n = shape_numel(a.header.shape);
+  std::vector<int64_t> wide(static_cast<size_t>(n));
+  a.in.read(reinterpret_cast<char*>(wide.data()), static_cast<std::streamsize>(n * 8));
+  FT_CHECK(a.in.good() || n == 0, path, ": read failed");
+  Tensor t = Tensor::empty(a.header.shape, DType::i32);
+  int32_t* out = t.data<int32_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t v = wide[static_cast<size_t>(i)];
+    FT_CHECK(v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max(),
+             path, ": id ", v, " at index ", i, " does not fit in int32");
+    out[i] = static_cast<int32_t>(v);
+  }
   return t;
 }
 

@@ -13,6 +13,11 @@ namespace ft::npy {
 // bad magic string, a Fortran-order array, an unsupported dtype or a truncated file.
 Tensor load(const std::string& path);
 
+// Reads integer ids (token ids, targets) as an int32 CPU tensor: '<i4', or '<i8' (NumPy's
+// default integer dtype), whose values must fit in int32 (callers check the range they need,
+// e.g. the vocabulary). Any other dtype is an ft::Error naming the file and what was found.
+Tensor load_ids(const std::string& path);
+
 // Writes a CPU tensor (fp32, bf16, int32 or fp64). Writes a temporary file next to `path` and
 // renames it over `path`, so a reader never sees a half-written file.
 void save(const std::string& path, const Tensor& tensor);

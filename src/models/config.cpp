@@ -168,6 +168,25 @@ ModelConfig preset(const std::string& name) {
   return it->second;
 }
 
+bool ModelOverrides::any() const {
+  return layers || width || heads || kv_heads || vocab || context || rope_scaling;
+}
+
+std::string ModelOverrides::describe() const {
+  std::string out;
+  auto add = [&](const char* flag, const std::optional<int64_t>& v) {
+    if (v) out += str(out.empty() ? "" : ", ", flag, " ", *v);
+  };
+  add("--layers", layers);
+  add("--width", width);
+  add("--heads", heads);
+  add("--kv-heads", kv_heads);
+  add("--vocab", vocab);
+  add("--context", context);
+  if (rope_scaling) out += str(out.empty() ? "" : ", ", "--rope-scaling");
+  return out;
+}
+
 ModelConfig apply_overrides(ModelConfig config, const ModelOverrides& o) {
   bool changed = false;
   auto set = [&](const std::optional<int64_t>& v, int64_t& field) {

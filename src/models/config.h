@@ -65,6 +65,9 @@ struct ModelConfig {
 struct ModelOverrides {
   std::optional<int64_t> layers, width, heads, kv_heads, vocab, context;
   std::optional<bool> rope_scaling;  // LLaMA-3 only: Llama 3.1 frequency scaling
+
+  bool any() const;
+  std::string describe() const;  // the flags that are set: "--layers 6, --width 256"
 };
 
 std::vector<std::string> preset_names();

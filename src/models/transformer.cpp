@@ -1,5 +1,6 @@
 #include "models/transformer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/device.h"
@@ -244,7 +245,7 @@ void Transformer::norm_backward(Tensor& dx, const Tensor& dout, const Tensor& x,
   }
 }
 
-void Transformer::layer_forward(int64_t l, const Tensor& x_in, Tensor& x_out) {
+void Transformer::layer_forward(int64_t l, const Tensor& x_in, Tensor& x_out, KvCache* kv) {
   const Weights::Layer& W = w_->layers[static_cast<size_t>(l)];
   LayerCache& c = cache_[static_cast<size_t>(l)];
   const int64_t B = B_, T = T_, C = config_.n_embd, D = config_.head_dim();
@@ -257,12 +258,23 @@ void Transformer::layer_forward(int64_t l, const Tensor& x_in, Tensor& x_out) {
   c.k = act({B, T, Hkv, D});
   c.v = act({B, T, Hkv, D});
   nn::split_qkv(c.q, c.k, c.v, qkv);
+  const int64_t past = kv ? kv->length : 0;
   if (config_.rope()) {
-    nn::rope_forward(c.q, c.q, rope_);
-    nn::rope_forward(c.k, c.k, rope_);
+    nn::rope_forward(c.q, c.q, rope_, past);
+    nn::rope_forward(c.k, c.k, rope_, past);
   }
-  const attention::Problem problem = attention_problem(l);
-  c.att = attention::forward(attention_.impl, problem, c.q, c.k, c.v, segment_ids_);
+  if (kv) {
+    Tensor k_rows = kv->k[static_cast<size_t>(l)].slice(past, past + T);
+    Tensor v_rows = kv->v[static_cast<size_t>(l)].slice(past, past + T);
+    k_rows.copy_from(c.k);
+    v_rows.copy_from(c.v);
+  }
+  if (past > 0) {
+    cached_attention(l, c, *kv);
+  } else {
+    const attention::Problem problem = attention_problem(l);
+    c.att = attention::forward(attention_.impl, problem, c.q, c.k, c.v, segment_ids_);
+  }
 
   Tensor proj = act({B, T, C});
   nn::linear_forward(proj, c.att.o.view({B, T, Hq * D}), W.proj_w->compute, bias(W.proj_b));
@@ -283,13 +295,67 @@ void Transformer::layer_forward(int64_t l, const Tensor& x_in, Tensor& x_out) {
   norm_reading(l + 1) = add_norm_forward(x_out, c.x_mid, mlp, norm_weights_reading(l + 1));
 }
 
-void Transformer::run_forward(const Tensor& tokens, const Tensor& segment_ids) {
+void Transformer::cached_attention(int64_t l, LayerCache& c, KvCache& kv) {
+  const int64_t past = kv.length, Hq = config_.n_head, D = config_.head_dim();
+  const attention::Problem problem = attention_problem(l);
+  // The keys the new query at position `past` may attend: causal (up to itself), within the
+  // window, and within its document (its segment's run of positions).
+  int64_t first = 0;
+  if (segment_ids_.defined()) {
+    first = past;
+    while (first > 0 &&
+           kv.segments[static_cast<size_t>(first - 1)] == kv.segments[static_cast<size_t>(past)]) {
+      --first;
+    }
+  }
+  if (problem.mask.window > 0) first = std::max(first, past - (problem.mask.window - 1));
+  c.att = attention::ForwardOutput{};
+  c.att.o = act({1, 1, Hq, D});
+  Tensor o = c.att.o.view({Hq, D});
+  nn::decode_attention(o, c.q.view({Hq, D}), kv.k[static_cast<size_t>(l)],
+                       kv.v[static_cast<size_t>(l)], first, past, problem.effective_scale());
+}
+
+KvCache Transformer::make_kv_cache(int64_t capacity) const {
+  if (capacity == 0) capacity = config_.max_seq_len;
+  FT_CHECK(capacity >= 1 && capacity <= config_.max_seq_len, "KV cache capacity ", capacity,
+           " must be in [1, ", config_.max_seq_len, "] (the model's context)");
+  KvCache cache;
+  for (int64_t l = 0; l < config_.n_layer; ++l) {
+    cache.k.push_back(act({capacity, config_.n_kv_head, config_.head_dim()}));
+    cache.v.push_back(act({capacity, config_.n_kv_head, config_.head_dim()}));
+  }
+  return cache;
+}
+
+void Transformer::forward_cached(const Tensor& tokens, KvCache& cache, const Tensor& segment_ids) {
+  FT_CHECK(tokens.dtype() == DType::i32 && tokens.ndim() == 2 && tokens.dim(0) == 1 &&
+               tokens.dim(1) >= 1,
+           "forward_cached: tokens must be int32 [1, T], got ", dtype_name(tokens.dtype()), " ",
+           shape_str(tokens.shape()));
+  const int64_t T = tokens.dim(1);
+  FT_CHECK(
+      static_cast<int64_t>(cache.k.size()) == config_.n_layer && cache.v.size() == cache.k.size(),
+      "forward_cached: the cache has ", cache.k.size(), " layers, the model ", config_.n_layer,
+      " (make it with make_kv_cache)");
+  FT_CHECK(cache.length + T <= cache.capacity(), "forward_cached: ", cache.length, " cached + ", T,
+           " new positions exceed the cache's capacity ", cache.capacity());
+  FT_CHECK(cache.length == 0 || T == 1,
+           "forward_cached: after the first chunk, one token per "
+           "call (got ",
+           T, " with ", cache.length, " cached)");
+  run_forward(tokens, segment_ids, &cache);
+  have_targets_ = false;
+}
+
+void Transformer::run_forward(const Tensor& tokens, const Tensor& segment_ids, KvCache* kv) {
   FT_CHECK(tokens.dtype() == DType::i32 && tokens.ndim() == 2, "tokens must be int32 [B, T], got ",
            dtype_name(tokens.dtype()), " ", shape_str(tokens.shape()));
   B_ = tokens.dim(0);
   T_ = tokens.dim(1);
-  FT_CHECK(T_ <= config_.max_seq_len, "sequence length ", T_, " exceeds the model's context ",
-           config_.max_seq_len);
+  const int64_t past = kv ? kv->length : 0;
+  FT_CHECK(past + T_ <= config_.max_seq_len, "sequence length ", past + T_,
+           " exceeds the model's context ", config_.max_seq_len);
   if (segment_ids.defined()) {
     FT_CHECK(segment_ids.shape() == tokens.shape() && segment_ids.dtype() == DType::i32,
              "segment ids must be int32 ", shape_str(tokens.shape()), ", got ",
@@ -304,11 +370,22 @@ void Transformer::run_forward(const Tensor& tokens, const Tensor& segment_ids) {
   residual_.assign(static_cast<size_t>(L + 1), Tensor());
   cache_.assign(static_cast<size_t>(L), LayerCache());
   residual_[0] = act({B_, T_, C});
-  nn::embedding_forward(residual_[0], tokens, w_->wte->compute,
-                        w_->wpe ? w_->wpe->compute : Tensor());
+  // Learned positions of the new tokens: rows past .. past + T - 1 of wpe.
+  const Tensor wpe = w_->wpe ? w_->wpe->compute.slice(past, config_.max_seq_len) : Tensor();
+  nn::embedding_forward(residual_[0], tokens, w_->wte->compute, wpe);
   norm_reading(0) = norm_forward(residual_[0], norm_weights_reading(0));
+  if (kv) {
+    // Segment ids of the new positions, for the decode steps' document limits.
+    const Tensor ids = segment_ids_.defined() ? segment_ids_.to(Device::cpu) : Tensor();
+    for (int64_t t = 0; t < T_; ++t)
+      kv->segments.push_back(ids.defined() ? ids.data<int32_t>()[t] : 0);
+  }
   for (int64_t l = 0; l < L; ++l) {
-    layer_forward(l, residual_[static_cast<size_t>(l)], residual_[static_cast<size_t>(l + 1)]);
+    layer_forward(l, residual_[static_cast<size_t>(l)], residual_[static_cast<size_t>(l + 1)], kv);
+    if (kv) {  // inference: nothing is kept for backward
+      cache_[static_cast<size_t>(l)] = LayerCache();
+      residual_[static_cast<size_t>(l)] = Tensor();
+    }
   }
   // Counted now: backward frees each layer's cache as soon as it is used.
   size_t attention_bytes = 0;
@@ -319,6 +396,13 @@ void Transformer::run_forward(const Tensor& tokens, const Tensor& segment_ids) {
   }
   attention_saved_bytes_ = static_cast<int64_t>(attention_bytes);
   Parameter* head = w_->head ? w_->head : w_->wte;
+  if (kv) {
+    kv->length += T_;
+    logits_ = act({1, config_.padded_vocab_size});
+    nn::linear_forward(logits_, final_norm_.out.view({T_, C}).slice(T_ - 1, T_), head->compute,
+                       Tensor());
+    return;
+  }
   logits_ = act({B_ * T_, config_.padded_vocab_size});
   nn::linear_forward(logits_, final_norm_.out.view({B_ * T_, C}), head->compute, Tensor());
 }

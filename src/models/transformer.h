@@ -38,6 +38,21 @@ struct Parameter {
   void sync_compute();
 };
 
+// The keys and values of the positions seen so far, per layer, so that generation feeds one
+// new token per step instead of recomputing the whole sequence (one sequence: batch 1).
+// Made by Transformer::make_kv_cache, filled by Transformer::forward_cached.
+struct KvCache {
+  std::vector<Tensor> k, v;       // per layer [capacity, Hkv, D] after RoPE; compute dtype, device
+  std::vector<int32_t> segments;  // each cached position's segment id (documents; 0 without)
+  int64_t length = 0;             // positions filled
+
+  int64_t capacity() const { return k.empty() ? 0 : k.front().dim(0); }
+  void clear() {
+    length = 0;
+    segments.clear();
+  }
+};
+
 struct AttentionSettings {
   attention::Impl impl = attention::Impl::naive;
   int64_t window = 0;        // sliding window (0: none)
@@ -67,6 +82,17 @@ class Transformer {
   void forward_logits(const Tensor& tokens, const Tensor& segment_ids = {});
   const Tensor& logits() const { return logits_; }
 
+  // A KV cache for up to `capacity` positions (0: the model's context).
+  KvCache make_kv_cache(int64_t capacity = 0) const;
+  // Forward of tokens int32 [1, T] at positions cache.length .. cache.length + T - 1, whose
+  // keys and values are appended to the cache. An empty cache takes any T up to its capacity
+  // (a prompt: attention as in training, through the model's implementation); a filled one
+  // takes one token per call (nn::decode_attention over the cache, with the causal, window and
+  // document limits). segment_ids (int32 [1, T] on the CPU, optional) continue the ids of the
+  // cached positions. Afterwards logits() holds the last position's logits [1, padded_vocab].
+  // Inference only: backward() is refused after it.
+  void forward_cached(const Tensor& tokens, KvCache& cache, const Tensor& segment_ids = {});
+
   // Bytes the attention of all layers kept from the last forward for backward (its lse and
   // saved tensors): naive's S x S probabilities and log-sum-exp rows, flash's log-sum-exp rows
   // and, with segment ids, their chunk summary (0 before any forward).
@@ -93,9 +119,13 @@ class Transformer {
   };
 
   void build_parameters();
-  void run_forward(const Tensor& tokens, const Tensor& segment_ids);
+  // With a cache (kv), positions start at kv->length and only the last position's logits are
+  // formed.
+  void run_forward(const Tensor& tokens, const Tensor& segment_ids, KvCache* kv = nullptr);
   // Also normalises x_out for its reader (norm_reading(l + 1)).
-  void layer_forward(int64_t l, const Tensor& x_in, Tensor& x_out);
+  void layer_forward(int64_t l, const Tensor& x_in, Tensor& x_out, KvCache* kv = nullptr);
+  // The attention of layer l for the current token over the cache (decode step).
+  void cached_attention(int64_t l, LayerCache& c, KvCache& kv);
   // dresidual: d loss / d x_out on entry, d loss / d x_in on return (updated in place).
   void layer_backward(int64_t l, Tensor& dresidual);
   attention::Problem attention_problem(int64_t layer) const;

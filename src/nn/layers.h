@@ -95,13 +95,24 @@ struct RopeTable {
 // fills cos_device / sin_device; the CPU tables are always there.
 RopeTable make_rope_table(int64_t max_seq_len, int64_t head_dim, double theta, bool llama31_scaling,
                           Device device = Device::cpu);
-void rope_forward(Tensor& out, const Tensor& x, const RopeTable& table);     // out may alias x
+void rope_forward(Tensor& out, const Tensor& x, const RopeTable& table);  // out may alias x
+// The same rotation for positions offset .. offset + T - 1 (generation with a KV cache: the new
+// tokens come after `offset` cached ones); offset + T must not exceed the table.
+void rope_forward(Tensor& out, const Tensor& x, const RopeTable& table, int64_t offset);
 void rope_backward(Tensor& dx, const Tensor& dout, const RopeTable& table);  // dx may alias dout
 
 // Split a fused projection qkv [B, T, (Hq + 2 Hkv) * D] into q [B, T, Hq, D], k and v
 // [B, T, Hkv, D]; merge is its backward (writes dqkv).
 void split_qkv(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv);
 void merge_qkv(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv);
+
+// Attention of one new query per head over a KV cache (the decode step of generation, one
+// sequence): q and out [Hq, D]; k_cache and v_cache [capacity, Hkv, D] (Hq a multiple of Hkv;
+// query head h reads kv head h / (Hq / Hkv)); the query attends to cached keys
+// first_key..last_key (inclusive: the caller applies the causal, window and document limits).
+// Softmax of scale * q.k in fp32, out in q's dtype. No backward (inference only).
+void decode_attention(Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                      int64_t first_key, int64_t last_key, double scale);
 
 // out = a + b (elementwise, same shapes; out may alias a or b).
 void add(Tensor& out, const Tensor& a, const Tensor& b);

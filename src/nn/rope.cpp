@@ -144,6 +144,23 @@ void rope_forward(Tensor& out, const Tensor& x, const RopeTable& table) {
   rotate(out, x, table, +1, "rope_forward", "out", "x");
 }
 
+void rope_forward(Tensor& out, const Tensor& x, const RopeTable& table, int64_t offset) {
+  FT_CHECK(offset >= 0 && offset < table.max_seq_len, "rope_forward: position offset ", offset,
+           " outside the table's [0, ", table.max_seq_len, ")");
+  if (offset == 0) return rope_forward(out, x, table);
+  // The rows from `offset` on are a table of their own (views: nothing is copied).
+  RopeTable rows;
+  rows.max_seq_len = table.max_seq_len - offset;
+  rows.head_dim = table.head_dim;
+  rows.cos = table.cos.slice(offset, table.max_seq_len);
+  rows.sin = table.sin.slice(offset, table.max_seq_len);
+  if (table.cos_device.defined()) {
+    rows.cos_device = table.cos_device.slice(offset, table.max_seq_len);
+    rows.sin_device = table.sin_device.slice(offset, table.max_seq_len);
+  }
+  rotate(out, x, rows, +1, "rope_forward", "out", "x");
+}
+
 void rope_backward(Tensor& dx, const Tensor& dout, const RopeTable& table) {
   if (!dx.defined()) return;
   rotate(dx, dout, table, -1, "rope_backward", "dx", "dout");

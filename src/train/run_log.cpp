@@ -295,7 +295,13 @@ RunLog parse_json_lines_log(std::istream& in, const std::string& path) {
           FT_CHECK(run_line > 0, "expected the {\"event\": \"run\", ...} line first, got event ",
                    j["event"].dump());
           if (j["event"] == "error" && !log.failure) log.failure = json_failure(j, line_no);
-          continue;  // the summary, and events added later
+          if (j["event"] == "resume") {
+            // The run continued from the state saved after this step: what was logged after
+            // it (by a run killed before its next save) is superseded, and so is its failure.
+            steps.erase(steps.upper_bound(json_step_number(j, "step")), steps.end());
+            log.failure.reset();
+          }
+          continue;  // the summary, samples, and events added later
         }
         FT_CHECK(run_line == 0, "a second {\"event\": \"run\"} line (the first is line ", run_line,
                  ")");

@@ -4,7 +4,8 @@
 //   JSON lines (step_log.h): a {"event": "run", ..., "dtype": ...} line first, then one object
 //     per step ({"step", "train_loss", "ms", "tok_per_s", "peak_used_mb", ...}); other events
 //     ({"event": "summary"}) are skipped, except {"event": "error"}: the run stopped there
-//     (RunFailure).
+//     (RunFailure), and {"event": "resume", "step": N}: a resumed run continues the log from
+//     step N, so steps after N logged before that line (and a failure) are superseded.
 //   InfiniTrain-style text: any line holding `step N/M | train loss X` (a glog prefix before it
 //     and text after the fields are allowed); `lr`, `ms`, `tok/s`, `peak used:` and
 //     `peak reserved:` are read when present. Lines without `step N/M |` are not step lines;

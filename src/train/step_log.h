@@ -1,7 +1,8 @@
 // One record per optimizer step, printed in the InfiniTrain-compatible text format and written
 // as a JSON line with the same fields:
 //   step    2/30 | train loss 4.560387 | lr 1.00e-04 | (81.50 ms | 25128 tok/s | peak used:  5896
-//   MB | peak reserved:  5952 MB)
+//   MB | peak reserved:  5952 MB) | elapsed 0:00:01 | eta 0:00:09 | 16384 tokens
+// (the progress fields after the parenthesis are ours; InfiniTrain's readers stop before them).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,10 @@ struct StepRecord {
   // memory saving of flash over naive is the difference of the two runs' values.
   double attention_saved_mb = 0.0;
   std::optional<double> val_loss;
+  // Progress, printed after the InfiniTrain fields (readers skip them): wall time since this
+  // process started training, the estimate of the time left, tokens trained on so far.
+  std::optional<double> elapsed_s, eta_s;
+  int64_t tokens_seen = 0;
 };
 
 std::string format_step_line(const StepRecord& r);
@@ -31,7 +36,8 @@ nlohmann::json to_json(const StepRecord& r);
 class JsonLog {
  public:
   JsonLog() = default;
-  explicit JsonLog(const std::string& path);
+  // append: continue an existing log (a resumed run) instead of starting it afresh.
+  explicit JsonLog(const std::string& path, bool append = false);
   bool enabled() const { return out_.is_open(); }
   void write(const nlohmann::json& line);
 

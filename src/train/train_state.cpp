@@ -5,23 +5,22 @@
 #include <fstream>
 #include <limits>
 
-#include <nlohmann/json.hpp>
-
 #include "core/atomic_file.h"
 #include "core/error.h"
 
 namespace ft::train {
 namespace {
 
-constexpr char kMagic[8] = {'F', 'T', 'S', 'T', 'A', 'T', 'E', '1'};
+constexpr char kMagic[8] = {'F', 'T', 'S', 'T', 'A', 'T', 'E', '2'};
+constexpr char kMagicFormat1[8] = {'F', 'T', 'S', 'T', 'A', 'T', 'E', '1'};
 
 void ensure_moments(models::Parameter& p) {
   if (!p.m.defined()) p.m = Tensor::zeros(p.master.shape(), p.master.dtype(), p.master.device());
   if (!p.v.defined()) p.v = Tensor::zeros(p.master.shape(), p.master.dtype(), p.master.device());
 }
 
-// The header's fields have the types load_train_state reads, so that a corrupt header is an
-// ft::Error naming the field rather than a JSON exception.
+// The header's fields have the types the readers take, so that a corrupt header is an ft::Error
+// naming the field rather than a JSON exception.
 void check_header(const nlohmann::json& h, const std::string& path) {
   auto field = [&](const nlohmann::json& j, const char* key) -> const nlohmann::json& {
     FT_CHECK(j.is_object() && j.contains(key), path, ": corrupt resume state header (no \"", key,
@@ -31,7 +30,7 @@ void check_header(const nlohmann::json& h, const std::string& path) {
   auto check = [&](bool ok, const char* key, const char* what) {
     FT_CHECK(ok, path, ": corrupt resume state header (\"", key, "\" must be ", what, ")");
   };
-  check(field(h, "fingerprint").is_string(), "fingerprint", "a string");
+  check(field(h, "run").is_object(), "run", "an object");
   check(field(h, "master_dtype").is_string(), "master_dtype", "a string");
   const nlohmann::json& step = field(h, "step");
   check(step.is_number_integer() && step.get<int64_t>() >= 0 &&
@@ -46,13 +45,44 @@ void check_header(const nlohmann::json& h, const std::string& path) {
   }
 }
 
+// Opens a state file and parses and checks its header; the stream is left at the first tensor.
+std::ifstream open_state(const std::string& path, nlohmann::json& header) {
+  std::ifstream in(path, std::ios::binary);
+  FT_CHECK(in.good(), path,
+           ": cannot open resume state (written by --save next to the checkpoint)");
+  char magic[8] = {};
+  uint64_t length = 0;
+  in.read(magic, sizeof magic);
+  FT_CHECK(!in.good() || std::memcmp(magic, kMagicFormat1, sizeof magic) != 0, path,
+           ": a resume state of format 1, written by an earlier flashtrain; it does not record "
+           "the schedule, seed and data of its run, so this version cannot check a resume "
+           "against it (start the run again, or resume it with the flashtrain that wrote it)");
+  FT_CHECK(in.good() && std::memcmp(magic, kMagic, sizeof magic) == 0, path,
+           ": not a flashtrain resume state (bad magic)");
+  in.read(reinterpret_cast<char*>(&length), sizeof length);
+  FT_CHECK(in.good(), path, ": truncated resume state header");
+  std::error_code ec;
+  const auto file_bytes = static_cast<uint64_t>(std::filesystem::file_size(path, ec));
+  FT_CHECK(!ec && length <= file_bytes - sizeof magic - sizeof length, path,
+           ": corrupt resume state header length ", length, " (the file has ", file_bytes,
+           " bytes)");
+  std::string text(length, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(length));
+  FT_CHECK(in.good(), path, ": truncated resume state header");
+  header = nlohmann::json::parse(text, nullptr, false);
+  FT_CHECK(!header.is_discarded() && header.is_object(), path, ": corrupt resume state header");
+  check_header(header, path);
+  return in;
+}
+
 }  // namespace
 
 void save_train_state(const std::string& path, const models::Transformer& model,
                       const TrainState& state) {
   nlohmann::json header;
+  header["format"] = kTrainStateFormat;
   header["step"] = state.step;
-  header["fingerprint"] = state.fingerprint;
+  header["run"] = state.run;
   header["loader"] = {{"shard", state.loader.shard},
                       {"position", state.loader.position},
                       {"rng_state", state.loader.rng_state},
@@ -78,43 +108,41 @@ void save_train_state(const std::string& path, const models::Transformer& model,
   file.commit();
 }
 
-TrainState load_train_state(const std::string& path, models::Transformer& model,
-                            const std::string& expected_fingerprint) {
-  std::ifstream in(path, std::ios::binary);
-  FT_CHECK(in.good(), path,
-           ": cannot open resume state (written by --save next to the checkpoint)");
-  char magic[8] = {};
-  uint64_t length = 0;
-  in.read(magic, sizeof magic);
-  in.read(reinterpret_cast<char*>(&length), sizeof length);
-  FT_CHECK(in.good() && std::memcmp(magic, kMagic, sizeof magic) == 0, path,
-           ": not a flashtrain resume state (bad magic)");
-  std::error_code ec;
-  const auto file_bytes = static_cast<uint64_t>(std::filesystem::file_size(path, ec));
-  FT_CHECK(!ec && length <= file_bytes - sizeof magic - sizeof length, path,
-           ": corrupt resume state header length ", length, " (the file has ", file_bytes,
-           " bytes)");
-  std::string text(length, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(length));
-  FT_CHECK(in.good(), path, ": truncated resume state header");
-  const nlohmann::json header = nlohmann::json::parse(text, nullptr, false);
-  FT_CHECK(!header.is_discarded(), path, ": corrupt resume state header");
-  check_header(header, path);
+TrainState read_train_state(const std::string& path) {
+  nlohmann::json header;
+  open_state(path, header);
+  TrainState state;
+  try {
+    state.step = header.at("step").get<int64_t>();
+    state.run = header.at("run");
+    const auto& loader = header.at("loader");
+    state.loader.shard = loader.at("shard").get<int64_t>();
+    state.loader.position = loader.at("position").get<int64_t>();
+    state.loader.rng_state = loader.at("rng_state").get<uint64_t>();
+    state.loader.epoch = loader.at("epoch").get<int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(str(path, ": corrupt resume state header (", e.what(), ")"));
+  }
+  FT_CHECK(state.step >= 0 && state.run.is_object(), path, ": corrupt resume state header");
+  return state;
+}
 
-  const std::string fingerprint = header.value("fingerprint", "");
-  FT_CHECK(fingerprint == expected_fingerprint, path,
-           ": written for a different run:\n  state: ", fingerprint,
-           "\n  now:   ", expected_fingerprint);
+void load_train_state(const std::string& path, models::Transformer& model) {
+  nlohmann::json header;
+  std::ifstream in = open_state(path, header);
   FT_CHECK(header.value("master_dtype", "") == dtype_name(model.master_dtype()), path,
            ": master weights are ", header.value("master_dtype", "?"), ", the model keeps ",
            dtype_name(model.master_dtype()));
+  FT_CHECK(header.contains("params") && header["params"].is_array(), path,
+           ": corrupt resume state header (no parameter list)");
   const auto& params = header.at("params");
   FT_CHECK(params.size() == model.parameters().size(), path, ": holds ", params.size(),
            " parameters, the model has ", model.parameters().size());
   for (size_t i = 0; i < params.size(); ++i) {
     models::Parameter& p = model.parameters()[i];
-    FT_CHECK(params[i].at("name") == p.name && params[i].at("shape") == p.master.shape(), path,
-             ": parameter ", i, " is ", params[i].dump(), ", the model has ", p.name, " ",
+    FT_CHECK(params[i].value("name", "") == p.name && params[i].contains("shape") &&
+                 params[i]["shape"] == p.master.shape(),
+             path, ": parameter ", i, " is ", params[i].dump(), ", the model has ", p.name, " ",
              shape_str(p.master.shape()));
     ensure_moments(p);
     for (Tensor* t : {&p.master, &p.m, &p.v}) {
@@ -127,16 +155,6 @@ TrainState load_train_state(const std::string& path, models::Transformer& model,
   }
   in.peek();
   FT_CHECK(in.eof(), path, ": resume state has trailing bytes (not written for this model)");
-
-  TrainState state;
-  state.step = header.at("step").get<int64_t>();
-  state.fingerprint = fingerprint;
-  const auto& loader = header.at("loader");
-  state.loader.shard = loader.at("shard").get<int64_t>();
-  state.loader.position = loader.at("position").get<int64_t>();
-  state.loader.rng_state = loader.at("rng_state").get<uint64_t>();
-  state.loader.epoch = loader.at("epoch").get<int64_t>();
-  return state;
 }
 
 }  // namespace ft::train

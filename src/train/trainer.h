@@ -2,6 +2,7 @@
 // samples, logs, checkpoints and exact resume. Knows nothing about command-line flags.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <iosfwd>
 #include <string>
@@ -10,6 +11,7 @@
 #include "models/config.h"
 #include "models/transformer.h"
 #include "nn/adamw.h"
+#include "train/schedule.h"
 
 namespace ft::train {
 
@@ -28,6 +30,7 @@ struct TrainConfig {
   int64_t steps = 100;
   double lr = 1e-3, min_lr_fraction = 0.0;
   int64_t warmup = 0;
+  LrDecay lr_decay = LrDecay::cosine;
   double grad_clip = 1.0;
   nn::AdamWConfig adamw;
 
@@ -45,12 +48,19 @@ struct TrainConfig {
   std::string save_path;    // llm.c checkpoint; the resume state goes to save_path + ".state"
   int64_t save_every = 0;   // also save every N steps (0: at the end only)
   std::string resume_path;  // a checkpoint written by save_path; resumes from its .state
+  // --resume may change the learning-rate schedule; the resumed steps follow the new one
+  // (train/run_record.h says what a resume may change).
+  bool allow_schedule_change = false;
 
   int64_t eval_every = 0;  // 0: evaluate at the end only (when val data is given)
   int64_t val_steps = 20;  // batches averaged for the validation loss
   int64_t sample_every = 0;
   int64_t sample_tokens = 64;
   bool quiet = false;  // no per-step lines (tests)
+  // Set (by a signal handler, say) to stop after the current step: the run saves (with
+  // save_path), writes its summary and an {"event": "interrupted"} log line, and returns with
+  // TrainSummary::interrupted.
+  const std::atomic<bool>* stop_requested = nullptr;
 };
 
 struct TrainSummary {
@@ -61,6 +71,7 @@ struct TrainSummary {
   double mean_step_ms = 0.0;
   std::string sample;
   std::vector<double> losses;  // train loss of each step run, in order
+  bool interrupted = false;    // stopped by stop_requested before the last step
 };
 
 // Runs training, printing the per-step lines and the closing summary to out.

@@ -167,7 +167,7 @@ TEST(DebugStepCli, BadInputGivesClearErrors) {
   npy::save(bad, floats);
   expect_error("debug-step --load '" + f.dir.file("model.bin") + "' --tokens '" + bad +
                    "' --targets '" + f.dir.file("y.npy") + "' --out-dir '" + f.dir.file("o") + "'",
-               "tokens must be int32 [B, T], got fp32");
+               "token ids must be integers ('<i4' int32 or '<i8' int64), got .npy dtype '<f4'");
 
   Tensor out_of_range = f.tokens.clone();
   out_of_range.data<int32_t>()[3] = 300;
@@ -196,6 +196,50 @@ TEST(DebugStepCli, BadInputGivesClearErrors) {
   const test::CommandResult r = test::run_cli(f.args("--dtype fp16"));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("fp16"), std::string::npos) << r.output;
+}
+
+// NumPy's default integer dtype is int64: such ids give what the same ids as int32 give.
+void save_int64_npy(const std::string& path, const Tensor& ids) {
+  std::string dict = "{'descr': '<i8', 'fortran_order': False, 'shape': (" +
+                     std::to_string(ids.dim(0)) + ", " + std::to_string(ids.dim(1)) + "), }";
+  while ((10 + dict.size() + 1) % 64 != 0) dict += ' ';
+  dict += '\n';
+  std::ofstream out(path, std::ios::binary);
+  out.write("\x93NUMPY\x01\x00", 8);
+  const char len[2] = {static_cast<char>(dict.size() & 0xff), static_cast<char>(dict.size() >> 8)};
+  out.write(len, 2);
+  out << dict;
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    const int64_t v = ids.data<int32_t>()[i];
+    out.write(reinterpret_cast<const char*>(&v), 8);
+  }
+}
+
+TEST(DebugStepCli, Int64IdsAreReadLikeInt32) {
+  Fixture f("gpt2-tiny");
+  ASSERT_EQ(test::run_cli(f.args("--steps 1")).exit_code, 0);
+  const double loss32 = read_json(f.dir.file("out/losses.json"))["loss"].get<double>();
+  save_int64_npy(f.dir.file("x64.npy"), f.tokens);
+  save_int64_npy(f.dir.file("y64.npy"), f.targets);
+  const std::string args = "debug-step --load '" + f.dir.file("model.bin") + "' --tokens '" +
+                           f.dir.file("x64.npy") + "' --targets '" + f.dir.file("y64.npy") +
+                           "' --steps 1 --out-dir '" + f.dir.file("out64") + "'";
+  const test::CommandResult r = test::run_cli(args);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(read_json(f.dir.file("out64/losses.json"))["loss"].get<double>(), loss32);
+
+  Tensor out_of_range = f.tokens.clone();
+  out_of_range.data<int32_t>()[5] = 300;
+  save_int64_npy(f.dir.file("bad64.npy"), out_of_range);
+  expect_error("debug-step --load '" + f.dir.file("model.bin") + "' --tokens '" +
+                   f.dir.file("bad64.npy") + "' --targets '" + f.dir.file("y64.npy") +
+                   "' --out-dir '" + f.dir.file("o") + "'",
+               "id 300 at index 5 is outside [0, 300)");
+  // The output directory is checked before the step runs.
+  expect_error(f.args("--steps 1")
+                   .replace(f.args("--steps 1").find(f.dir.file("out")), f.dir.file("out").size(),
+                            "/proc/flashtrain_no_dir"),
+               "--out-dir /proc/flashtrain_no_dir");
 }
 
 TEST(DebugStepCli, CudaWithoutGpuIsAClearError) {

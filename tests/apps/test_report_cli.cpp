@@ -385,6 +385,27 @@ TEST(RunMatrix, BadConfigExits2WithWhereAndWhat) {
   EXPECT_FALSE(fs::exists(dir.file("runs")));
 }
 
+// --plot promises plots: without matplotlib the matrix is refused before any case runs.
+TEST(RunMatrix, PlotWithoutMatplotlibIsRefusedBeforeAnyCase) {
+  if (!have_python()) GTEST_SKIP() << "python3 not found";
+  test::TempDir dir;
+  fs::create_directories(dir.path() / "no_mpl");
+  std::ofstream(dir.path() / "no_mpl" / "matplotlib.py") << "raise ImportError('absent')\n";
+  std::ofstream(dir.file("config.json")) << R"({
+    "defaults": {"device": "cpu", "batch": 1, "seq_len": 8, "steps": 1,
+                 "flags": ["--val-data", "", "--sample-tokens", "0"]},
+    "cases": [{"name": "tiny", "model": "gpt2-tiny", "dtype": "fp32"}],
+    "groups": {"baseline": {"attention": "naive"}, "flash": {"attention": "flash"}},
+    "compare": [{"base": "baseline", "test": "flash"}]
+  })";
+  const test::CommandResult r =
+      test::run_shell("PYTHONPATH='" + dir.file("no_mpl") + "' " +
+                      matrix_command(dir.file("config.json"), dir.file("runs")) + " --plot");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "error: --plot needs matplotlib")) << r.output;
+  EXPECT_FALSE(fs::exists(dir.file("runs"))) << "no case may run";
+}
+
 // ---- plots ----
 
 TEST(PlotRuns, DrawsLossAndPerfPngsOrSaysMatplotlibIsMissing) {

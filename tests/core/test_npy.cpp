@@ -125,5 +125,51 @@ TEST_F(Npy, HeaderSizesBeyondTheFileAreRefused) {
   expect_error(path("v2.npy"), "the header says 2147483647 bytes, the file has 2");
 }
 
+// Token ids come as NumPy's default int64 as often as int32: both read as int32, and an int64
+// that int32 cannot hold is an error naming the value, not a silent wrap.
+TEST_F(Npy, LoadIdsReadsInt32AndInt64) {
+  const std::string dict = "{'descr': '<i8', 'fortran_order': False, 'shape': (2, 3), }";
+  const int64_t values[6] = {0, 1, 50256, 7, 2147483647, -1};
+  const std::string file = write_raw("i8.npy", dict, 0);
+  {
+    std::ofstream out(file, std::ios::binary | std::ios::app);
+    out.write(reinterpret_cast<const char*>(values), sizeof values);
+  }
+  const Tensor ids = npy::load_ids(file);
+  ASSERT_EQ(ids.dtype(), DType::i32);
+  ASSERT_EQ(ids.shape(), (Shape{2, 3}));
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(ids.data<int32_t>()[i], values[i]) << i;
+  // npy::load itself still refuses int64 (no such tensor dtype).
+  expect_error(file, "'<i8'");
+
+  Tensor i32 = Tensor::empty({3}, DType::i32);
+  for (int i = 0; i < 3; ++i) i32.data<int32_t>()[i] = 10 * i;
+  npy::save(path("i4.npy"), i32);
+  EXPECT_EQ(npy::load_ids(path("i4.npy")).data<int32_t>()[2], 20);
+
+  auto expect_ids_error = [&](const std::string& f, const std::string& part) {
+    try {
+      npy::load_ids(f);
+      ADD_FAILURE() << "no error for " << f;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  // '\1' bytes: each int64 is 0x0101010101010101, beyond int32.
+  expect_ids_error(
+      write_raw("wide.npy", "{'descr': '<i8', 'fortran_order': False, 'shape': (2,), }", 16),
+      "72340172838076673");
+  expect_ids_error(
+      write_raw("cut.npy", "{'descr': '<i8', 'fortran_order': False, 'shape': (4,), }", 24),
+      "truncated");
+  expect_ids_error(
+      write_raw("f4.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", 8), "'<f4'");
+  // A header that claims more than the file holds is refused before anything that size exists.
+  expect_ids_error(
+      write_raw("huge.npy", "{'descr': '<i8', 'fortran_order': False, 'shape': (100000000000,), }",
+                8),
+      "truncated");
+}
+
 }  // namespace
 }  // namespace ft

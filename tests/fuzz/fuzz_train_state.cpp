@@ -1,6 +1,6 @@
-// The resume state (train/train_state.h) as `train --resume` reads it, into a fixed small
-// model; the fingerprint to match is "fuzz".
-// Seeds: states of that model written by save_train_state with fingerprint "fuzz".
+// The resume state (train/train_state.h) as `train --resume` reads it: the header, then the
+// weights and moments into a fixed small model.
+// Seeds: a state of that model written by save_train_state (format 2), and regression inputs.
 #include "fuzz_util.h"
 #include "models/config.h"
 #include "train/train_state.h"
@@ -26,7 +26,8 @@ ft::models::Transformer& model() {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string path = ft::fuzz::write_input(data, size, "ckpt.state");
   try {
-    ft::train::load_train_state(path, model(), "fuzz");
+    ft::train::read_train_state(path);
+    ft::train::load_train_state(path, model());
   } catch (const ft::Error&) {
   }
   return 0;

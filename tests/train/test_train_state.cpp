@@ -50,7 +50,7 @@ StateFile read_state(const std::string& path) {
 std::string write_state(const std::string& path, const std::string& text,
                         const std::string& payload, uint64_t length) {
   std::ofstream out(path, std::ios::binary);
-  out.write("FTSTATE1", 8);
+  out.write("FTSTATE2", 8);
   out.write(reinterpret_cast<const char*>(&length), 8);
   out << text << payload;
   return path;
@@ -59,7 +59,8 @@ std::string write_state(const std::string& path, const std::string& text,
 void expect_refused(models::Transformer& model, const std::string& path,
                     const std::string& needle) {
   try {
-    load_train_state(path, model, "fp");
+    read_train_state(path);
+    load_train_state(path, model);
     ADD_FAILURE() << "no error for " << path;
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
@@ -71,8 +72,12 @@ TEST(TrainState, CorruptHeadersGiveClearErrors) {
   test::TempDir dir;
   models::Transformer model = tiny_model();
   model.init_weights(1);
-  save_train_state(dir.file("good.state"), model, {5, {}, "fp"});
-  EXPECT_EQ(load_train_state(dir.file("good.state"), model, "fp").step, 5);
+  TrainState state;
+  state.step = 5;
+  state.run = nlohmann::json::object();
+  save_train_state(dir.file("good.state"), model, state);
+  EXPECT_EQ(read_train_state(dir.file("good.state")).step, 5);
+  load_train_state(dir.file("good.state"), model);
   const StateFile good = read_state(dir.file("good.state"));
 
   auto with = [&](const std::string& name, const nlohmann::json& header) {
@@ -92,8 +97,8 @@ TEST(TrainState, CorruptHeadersGiveClearErrors) {
   h["params"][0].erase("shape");
   expect_refused(model, with("shape.state", h), "no \"shape\"");
   h = good.header;
-  h["fingerprint"] = 7;
-  expect_refused(model, with("fingerprint.state", h), "\"fingerprint\" must be a string");
+  h["run"] = 7;
+  expect_refused(model, with("run.state", h), "\"run\" must be an object");
   h = good.header;
   h["loader"]["position"] = nullptr;
   expect_refused(model, with("loader.state", h), "\"position\" must be an integer");

@@ -49,6 +49,10 @@ void upload_rope_table(RopeTable& table);
 // direction +1: forward rotation, -1: backward (inverse) rotation; out may alias x.
 void rope_rotate(Tensor& out, const Tensor& x, const RopeTable& table, int direction);
 
+// Arguments checked by nn::decode_attention (layers.h).
+void decode_attention(Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                      int64_t first_key, int64_t last_key, double scale);
+
 void split_qkv(Tensor& q, Tensor& k, Tensor& v, const Tensor& qkv);
 void merge_qkv(Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv);
 void add(Tensor& out, const Tensor& a, const Tensor& b);

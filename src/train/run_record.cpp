@@ -1,0 +1,144 @@
+#include "train/run_record.h"
+
+#include <filesystem>
+#include <set>
+
+#include "core/error.h"
+#include "train/schedule.h"
+
+namespace ft::train {
+namespace {
+
+using nlohmann::json;
+
+// Declared safe: the same computation by another implementation or on another device.
+const std::set<std::string> kSafe = {"attention", "device"};
+// The learning-rate schedule; --allow-schedule-change accepts changes to these.
+const std::set<std::string> kSchedule = {"steps", "lr", "lr_schedule", "warmup", "min_lr_frac"};
+
+json data_record(const DataLoader& loader) {
+  json files = json::array();
+  for (const std::string& f : loader.files()) {
+    files.push_back({{"file", std::filesystem::path(f).filename().string()},
+                     {"tokens", read_shard_header(f).num_tokens}});
+  }
+  return files;
+}
+
+LrSchedule schedule_of(const json& r) {
+  LrSchedule s;
+  s.peak = r.at("lr").get<double>();
+  s.warmup_steps = r.at("warmup").get<int64_t>();
+  s.total_steps = r.at("steps").get<int64_t>();
+  s.min_lr_fraction = r.at("min_lr_frac").get<double>();
+  s.decay = parse_lr_decay(r.at("lr_schedule").get<std::string>());
+  return s;
+}
+
+// The steps already run see the same learning rates under both schedules, bit for bit.
+bool same_rates_so_far(const json& saved, const json& now, int64_t completed_steps) {
+  const LrSchedule a = schedule_of(saved), b = schedule_of(now);
+  for (int64_t s = 1; s <= completed_steps; ++s) {
+    if (a.lr(s) != b.lr(s)) return false;
+  }
+  return true;
+}
+
+std::string join(const std::vector<std::string>& parts, const char* sep) {
+  std::string out;
+  for (size_t i = 0; i < parts.size(); ++i) out += (i ? sep : "") + parts[i];
+  return out;
+}
+
+std::string shown(const json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_null()) return "(not recorded)";
+  return v.dump();
+}
+
+}  // namespace
+
+json make_run_record(const TrainConfig& c, const models::ModelConfig& m, int64_t accum,
+                     const DataLoader& train, const DataLoader* val) {
+  models::ModelConfig shape = m;
+  shape.name = "model";  // a checkpoint header names the file, not the preset
+  return {{"model", shape.describe()},
+          {"dtype", dtype_name(c.dtype)},
+          {"attention", attention::impl_name(c.attention.impl)},
+          {"device", device_name(c.device)},
+          {"window", c.attention.window},
+          {"global_every", c.attention.global_every},
+          {"doc_mask", c.doc_mask},
+          {"batch_size", c.batch_size},
+          {"seq_len", c.seq_len},
+          {"accumulation", accum},
+          {"train_data", data_record(train)},
+          {"val_data", val ? data_record(*val) : json::array()},
+          {"val_steps", c.val_steps},
+          {"seed", c.seed},
+          {"shuffle", c.shuffle},
+          {"steps", c.steps},
+          {"lr", c.lr},
+          {"lr_schedule", lr_decay_name(c.lr_decay)},
+          {"warmup", c.warmup},
+          {"min_lr_frac", c.min_lr_fraction},
+          {"weight_decay", c.adamw.weight_decay},
+          {"beta1", c.adamw.beta1},
+          {"beta2", c.adamw.beta2},
+          {"eps", c.adamw.eps},
+          {"grad_clip", c.grad_clip},
+          {"tf32", c.tf32}};
+}
+
+std::vector<std::string> check_resume(const json& saved, const json& now, int64_t completed_steps,
+                                      bool allow_schedule_change, const std::string& state_path) {
+  std::vector<std::string> accepted, refused, schedule_changes;
+  for (const auto& [key, value] : now.items()) {
+    const json old = saved.contains(key) ? saved.at(key) : json();
+    if (old == value) continue;
+    const std::string line = str(key, ": ", shown(old), " -> ", shown(value));
+    if (kSafe.count(key)) {
+      accepted.push_back(line);
+    } else if (kSchedule.count(key)) {
+      schedule_changes.push_back(line);
+    } else {
+      refused.push_back(line);
+    }
+  }
+  for (const auto& [key, value] : saved.items()) {
+    if (!now.contains(key)) refused.push_back(str(key, ": ", shown(value), " -> (not recorded)"));
+  }
+  if (!schedule_changes.empty() && refused.empty()) {
+    const bool only_steps =
+        schedule_changes.size() == 1 && schedule_changes.front().rfind("steps:", 0) == 0;
+    if (only_steps && same_rates_so_far(saved, now, completed_steps)) {
+      accepted.push_back(str(schedule_changes.front(), " (steps 1..", completed_steps,
+                             " had the same learning rates: the run continues as one of ",
+                             now.at("steps").get<int64_t>(), " steps)"));
+    } else if (allow_schedule_change) {
+      for (const std::string& line : schedule_changes)
+        accepted.push_back(line + " (--allow-schedule-change: the resumed steps follow it)");
+    } else {
+      throw Error(
+          str(state_path,
+              ": --resume would change the learning-rate schedule of a run that already "
+              "took ",
+              completed_steps, " steps (", join(schedule_changes, ", "),
+              "): the resumed run would not match an uninterrupted one. Resume with the saved "
+              "values, train with --lr-schedule constant (extending --steps then keeps every "
+              "learning rate), or pass --allow-schedule-change to continue on the new schedule"));
+    }
+  }
+  if (!refused.empty()) {
+    for (const std::string& line : schedule_changes) refused.push_back(line);
+    throw Error(str(state_path,
+                    ": written for a different run; --resume refuses what would "
+                    "change its losses (saved -> now): ",
+                    join(refused, ", "),
+                    ". Safe to change: --attention, --device, and --steps under a schedule "
+                    "that keeps the learning rates of the steps already run"));
+  }
+  return accepted;
+}
+
+}  // namespace ft::train
