@@ -8,7 +8,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
-py="${PYTHON:-$(command -v python3.12 || ls -d /root/.pyenv/versions/3.12*/bin/python3 2>/dev/null | tail -1)}"
+py="${PYTHON:-}"
+if [ -z "$py" ]; then
+  # The first that runs: a pyenv shim is on the PATH even where its version is not selected.
+  pyenv_312=$(ls -d /root/.pyenv/versions/3.12*/bin/python3 2>/dev/null | sort -rV || true)
+  for candidate in python3.12 $pyenv_312; do
+    if "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then
+      py="$candidate"
+      break
+    fi
+  done
+fi
 [ -n "$py" ] || { echo "build_python_gpu: no Python 3.12 found (set PYTHON)" >&2; exit 1; }
 venv=build-py/venv-wheel
 [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
