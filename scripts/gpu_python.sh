@@ -2,10 +2,15 @@
 # Runs on the GPU machine, from the repository root: installs the wheel that
 # scripts/build_python_gpu.sh built (carried as build-py/wheels) into /tmp/flashtrain-site and runs
 # tests/python with the machine's PyTorch, transformers and GPU, so that the GPU tests run there
-# instead of skipping. The converter and transformers tests also need the CLI: carry
-# build-gpu/carry.tar.xz from scripts/build_gpu.sh (BINARIES=flashtrain is enough); flashtrain's
-# side of the transformers tests then runs on the GPU (FLASHTRAIN_HF_DEVICE, default cuda).
-# Extra arguments go to pytest (e.g. -k torch). Log: $OUT/pytest.log (default ./gpu-out).
+# instead of skipping. The converter and transformers tests also need the CLI, and the benchmark
+# the C++ bench: carry build-gpu/carry.tar.xz from scripts/build_gpu.sh
+# (BINARIES="flashtrain bench_attention_gpu"); flashtrain's side of the transformers tests then
+# runs on the GPU (FLASHTRAIN_HF_DEVICE, default cuda). Then, unless BENCH=0,
+# bench/python_attention.py: flashtrain from Python beside PyTorch SDPA's backends and the C++
+# bench on the same shapes, and the binding's overhead per call (BENCH_ARGS: its flags, as shell
+# words). Extra arguments go to pytest (e.g. -k torch). Logs under $OUT (default ./gpu-out):
+# pytest.log, python_attention.md (the tables), python_attention.jsonl, python_attention.log
+# (progress). Exits non-zero when pytest or the benchmark failed.
 set -uo pipefail
 out="${OUT:-gpu-out}"
 mkdir -p "$out"
@@ -20,5 +25,19 @@ fi
 export FLASHTRAIN_HF_DEVICE="${FLASHTRAIN_HF_DEVICE:-cuda}"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$out/gpu.txt"
-python3 -m pytest -q -p no:cacheprovider -rs tests/python "$@" 2>&1 | tee "$out/pytest.log"
-exit "${PIPESTATUS[0]}"
+python3 -m pytest -q -p no:cacheprovider -rs --durations=10 tests/python "$@" 2>&1 |
+  tee "$out/pytest.log"
+status=${PIPESTATUS[0]}
+if [ "${BENCH:-1}" != 0 ]; then
+  bench_args=()
+  eval "bench_args=(${BENCH_ARGS:-})"
+  python3 bench/python_attention.py --jsonl "$out/python_attention.jsonl" "${bench_args[@]}" \
+    2>"$out/python_attention.log" | tee "$out/python_attention.md"
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" -ne 0 ]; then
+    echo "python_attention: exit $rc; the last lines of $out/python_attention.log:"
+    tail -5 "$out/python_attention.log"
+    status=1
+  fi
+fi
+exit "$status"
