@@ -8,9 +8,10 @@
 # runs on the GPU (FLASHTRAIN_HF_DEVICE, default cuda). Then, unless BENCH=0,
 # bench/python_attention.py: flashtrain from Python beside PyTorch SDPA's backends and the C++
 # bench on the same shapes, and the binding's overhead per call (BENCH_ARGS: its flags, as shell
-# words). Extra arguments go to pytest (e.g. -k torch). Logs under $OUT (default ./gpu-out):
-# pytest.log, python_attention.md (the tables), python_attention.jsonl, python_attention.log
-# (progress). Exits non-zero when pytest or the benchmark failed.
+# words; TESTS=0 runs only the benchmark). Extra arguments go to pytest (e.g. -k torch). Logs
+# under $OUT (default ./gpu-out): gpu.txt, pytest.log, python_attention.md (the tables),
+# python_attention.jsonl, python_attention.log (progress). Exits non-zero when pytest or the
+# benchmark failed.
 set -uo pipefail
 out="${OUT:-gpu-out}"
 mkdir -p "$out"
@@ -24,10 +25,21 @@ if [ -f build-gpu/carry.tar.xz ]; then
 fi
 export FLASHTRAIN_HF_DEVICE="${FLASHTRAIN_HF_DEVICE:-cuda}"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
-python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$out/gpu.txt"
-python3 -m pytest -q -p no:cacheprovider -rs --durations=10 tests/python "$@" 2>&1 |
-  tee "$out/pytest.log"
-status=${PIPESTATUS[0]}
+python3 -c "
+import importlib, platform
+found = []
+for name in ('torch', 'transformers', 'cupy', 'jax', 'numpy'):
+    try:
+        found.append(name + ' ' + importlib.import_module(name).__version__)
+    except Exception as e:
+        found.append(name + ' missing (' + type(e).__name__ + ')')
+print('python', platform.python_version() + ';', ', '.join(found))" | tee -a "$out/gpu.txt"
+status=0
+if [ "${TESTS:-1}" != 0 ]; then
+  python3 -m pytest -q -p no:cacheprovider -rs --durations=10 tests/python "$@" 2>&1 |
+    tee "$out/pytest.log"
+  status=${PIPESTATUS[0]}
+fi
 if [ "${BENCH:-1}" != 0 ]; then
   bench_args=()
   eval "bench_args=(${BENCH_ARGS:-})"
