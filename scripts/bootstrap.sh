@@ -11,7 +11,7 @@ debian_packages=(
   libgtest-dev                        # tests
   clang-format                        # formatting check
   clang libclang-rt-dev libomp-dev    # fuzzing (scripts/fuzz.sh): libFuzzer and sanitizers
-  python3 python3-pip                 # data preparation script
+  python3 python3-pip python3-venv    # data preparation script, the Python package's tests
 )
 
 missing=()
@@ -32,4 +32,17 @@ if ! python3 -c "import regex" 2>/dev/null; then
   echo "bootstrap: installing the Python package regex"
   python3 -m pip install -q regex 2>/dev/null ||
     python3 -m pip install -q --break-system-packages regex
+fi
+
+# The Python package (pyproject.toml): its build tools and what its tests import. PyTorch and
+# transformers are not among them: the tests that need them skip themselves.
+python_packages=(scikit-build-core nanobind numpy pytest safetensors ml_dtypes)
+missing_py=()
+for p in "${python_packages[@]}"; do
+  python3 -c "import ${p//-/_}" 2>/dev/null || missing_py+=("$p")
+done
+if ((${#missing_py[@]})); then
+  echo "bootstrap: installing the Python packages ${missing_py[*]}"
+  python3 -m pip install -q "${missing_py[@]}" 2>/dev/null ||
+    python3 -m pip install -q --break-system-packages "${missing_py[@]}"
 fi

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Sets up, builds and runs the whole test suite: formatting, every ctest test, then every fuzz
-# target for FUZZ_SECONDS (20) each (scripts/fuzz.sh). GPU tests skip themselves when no GPU is
+# Sets up, builds and runs the whole test suite: formatting, every ctest test, the Python
+# package built with pip and its pytest tests (scripts/test_python.sh), then every fuzz target for
+# FUZZ_SECONDS (20) each (scripts/fuzz.sh). GPU tests skip themselves when no GPU is
 # present. Prints the processor and the OpenBLAS core type first: CPU results depend on the kernel
 # OpenBLAS picks (OPENBLAS_CORETYPE=Haswell|Zen|SkylakeX|Sandybridge|... forces one).
 set -euo pipefail
@@ -12,4 +13,5 @@ ninja -C build
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
 build/flashtrain info
 (cd build && ctest --output-on-failure --timeout 900 -j 2)
+scripts/test_python.sh
 scripts/fuzz.sh

@@ -75,8 +75,11 @@ std::string shape_str(const Shape& shape) {
 Storage::Storage(Device device, size_t nbytes)
     : device_(device), nbytes_(nbytes), data_(allocate_bytes(device, nbytes)) {}
 
+Storage::Storage(Device device, void* borrowed, size_t nbytes)
+    : device_(device), nbytes_(nbytes), data_(borrowed), owned_(false) {}
+
 Storage::~Storage() {
-  free_bytes(device_, data_, nbytes_);
+  if (owned_) free_bytes(device_, data_, nbytes_);
 }
 
 #ifndef FLASHTRAIN_WITH_CUDA
@@ -110,6 +113,18 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
   Tensor t = empty(shape, dtype, device);
   t.zero();
+  return t;
+}
+
+Tensor Tensor::wrap(void* data, const Shape& shape, DType dtype, Device device) {
+  for (int64_t d : shape) FT_CHECK(d >= 0, "negative dimension in shape ", shape_str(shape));
+  Tensor t;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.device_ = device;
+  FT_CHECK(data != nullptr || t.nbytes() == 0, "Tensor::wrap: null data for shape ",
+           shape_str(shape));
+  t.storage_ = std::make_shared<Storage>(device, data, t.nbytes());
   return t;
 }
 

@@ -1,5 +1,6 @@
 // Tensor: a shape, a dtype, a device and a view into reference-counted contiguous storage.
-// Tensors are always contiguous (row-major); views share storage with their parent.
+// Tensors are always contiguous (row-major); views share storage with their parent. Storage is
+// allocated (and counted) by the library, or borrowed from a caller (Tensor::wrap).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,8 @@ std::string shape_str(const Shape& shape);  // "[2, 3, 4]"
 class Storage {
  public:
   Storage(Device device, size_t nbytes);
+  // Borrowed memory: neither counted nor freed.
+  Storage(Device device, void* borrowed, size_t nbytes);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -33,6 +36,7 @@ class Storage {
   Device device_;
   size_t nbytes_;
   void* data_;
+  bool owned_ = true;
 };
 
 class Tensor {
@@ -42,6 +46,10 @@ class Tensor {
   // Device::cuda sets up GPU 0 (cuda::init_device) on first use when nothing else has.
   static Tensor empty(const Shape& shape, DType dtype, Device device = Device::cpu);
   static Tensor zeros(const Shape& shape, DType dtype, Device device = Device::cpu);
+  // A tensor over memory the caller owns (another framework's array): nothing is allocated,
+  // copied, counted or freed, and the caller keeps `data` alive and in place while this tensor
+  // or any view of it lives. `data` must hold shape_numel(shape) contiguous elements on `device`.
+  static Tensor wrap(void* data, const Shape& shape, DType dtype, Device device = Device::cpu);
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }

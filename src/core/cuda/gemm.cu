@@ -11,12 +11,13 @@
 // or fp32 computes in CUBLAS_COMPUTE_32F with fp32 alpha/beta. The bias and the pre-GELU
 // output have C's dtype (cuBLASLt's rule: bias elements are of D's type).
 //
-// State: one cuBLASLt handle per process and one 32 MiB workspace per calling thread (each
-// thread has its own stream, cudaStreamPerThread), taken from the stream-ordered pool so it
-// is counted in the memory statistics. Both live until exit on purpose: destroying them in
-// static destructors would race the CUDA runtime's own teardown. The algorithm chosen by
-// cuBLASLt's heuristic is cached per problem (shape, dtypes, epilogue, batching and pointer
-// alignment), so repeated training-step GEMMs skip the heuristic query.
+// State: one cuBLASLt handle per process and one 32 MiB workspace per calling thread and stream
+// (each thread has its own stream, cudaStreamPerThread, unless a StreamScope lends it another),
+// taken from the stream-ordered pool so it is counted in the memory statistics. Both live until
+// exit on purpose: destroying them in static destructors would race the CUDA runtime's own
+// teardown. The algorithm chosen by cuBLASLt's heuristic is cached per problem (shape, dtypes,
+// epilogue, batching and pointer alignment), so repeated training-step GEMMs skip the heuristic
+// query.
 //
 // Memory traffic: what cuBLASLt reads and writes (A, B, C once each in the best case); the
 // fallback below for a bias cuBLASLt rejects costs one extra pass over C.
@@ -70,8 +71,11 @@ cublasLtHandle_t lt_handle() {
   return handle;
 }
 
+// One per stream a thread launches on (a StreamScope can give a thread more than one), so that
+// GEMMs queued on two streams never share a workspace.
 void* workspace() {
-  thread_local Tensor* buffer = nullptr;  // never freed, see the top of the file
+  thread_local std::map<cudaStream_t, Tensor*> buffers;  // never freed, see the top of the file
+  Tensor*& buffer = buffers[current_stream()];
   if (buffer == nullptr) {
     buffer = new Tensor(
         Tensor::empty({static_cast<int64_t>(kWorkspaceBytes / 4)}, DType::i32, Device::cuda));

@@ -1,0 +1,551 @@
+"""Attention from Python: flashtrain's two Python entry points beside PyTorch SDPA's backends and
+the C++ bench, on the same shapes, in one call.
+
+Times, per case (every one causal, bf16), "fwd" (forward only) and "fwd+bwd" (forward then the
+gradients of q, k, v, as a training step makes them) of
+  ft-func    flashtrain.torch.flash_attn_func (the torch.library custom ops, under autograd)
+  ft-dlpack  flashtrain.attention.forward / backward on PyTorch tensors through DLPack
+  sdpa-cudnn / sdpa-flash / sdpa-efficient  F.scaled_dot_product_attention under sdpa_kernel()
+      with that one backend (enable_gqa for GQA; a backend that refuses it runs on k and v
+      expanded beforehand, outside the timing, and its row says "kv expanded")
+and, in the same call, build-gpu/carry/bench_attention_gpu (the C++ bench: the library called
+directly) on each shape ("c++" rows; its fwd+bwd is its forward plus its backward).
+
+Cases: gpt2 B=8 S=1024 H=12 D=64; hero-causal B=32 S=4096 Hq=16 Hkv=4 D=128; tiny B=1 S=128
+H=4 D=64, where launch overhead dominates.
+
+Two numbers per row:
+  GPU ms    CUDA events around each call after warm-up (--warmup calls and --warmup-ms), median
+            of --iters, inputs rotated past 4x L2, a queue of fills ahead of the timed calls so
+            that host work overlaps kernels (the method of bench_attention_gpu and
+            bench/torch_attention_peer.py, whose helpers this script uses).
+  host us   host time per call: --host-calls calls back to back, median of --host-rounds rounds,
+            each round started behind a queue of fills that keeps the GPU busy for the whole
+            round, so that a call that waits on the GPU shows as a long host time. The C++ bench
+            measures its host time per call over the same number of back-to-back calls (its
+            --warmup), and "binding" is the Python host time minus the C++ one: what the
+            binding costs per call (issue 20: under 5 us). On a shape where the GPU takes
+            longer per call than the host, both host times can include waits on a full launch
+            queue; the tiny case is the one that measures the binding.
+  pieces    on the smallest case chosen, the host time per call of each piece of one
+            flashtrain.attention.forward (the current-stream query, the DLPack exports and
+            imports, the module call itself), to say where the binding's time goes
+            (--no-parts leaves it out).
+
+  python3 bench/python_attention.py                          # every case, every impl
+  python3 bench/python_attention.py --case tiny --impl ft-dlpack,ft-func --host-calls 100
+  python3 bench/python_attention.py --device cpu --case tiny --iters 3 --warmup-ms 0  # logic
+
+Prints Markdown (the GPU, versions, one table per case, the binding's overhead) on stdout and
+progress on stderr; --jsonl FILE keeps every row as a JSON line. Exits 1 when a flashtrain row
+or the C++ bench failed (a PyTorch backend that refuses a shape is a row, not a failure).
+"""
+import argparse
+import contextlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_attention_peer as peer  # noqa: E402  (the shared timing method)
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+CASES = {
+    "gpt2": dict(batch=8, seq_len=1024, q_heads=12, kv_heads=12, head_dim=64),
+    "hero-causal": dict(batch=32, seq_len=4096, q_heads=16, kv_heads=4, head_dim=128),
+    "tiny": dict(batch=1, seq_len=128, q_heads=4, kv_heads=4, head_dim=64),
+}
+FT_IMPLS = ("ft-func", "ft-dlpack")
+SDPA_IMPLS = {"sdpa-cudnn": "CUDNN_ATTENTION", "sdpa-flash": "FLASH_ATTENTION",
+              "sdpa-efficient": "EFFICIENT_ATTENTION", "sdpa-math": "MATH"}
+DEFAULT_IMPLS = "ft-func,ft-dlpack,sdpa-cudnn,sdpa-flash,sdpa-efficient"
+DIRS = ("fwd", "fwd+bwd")
+BINDING_TARGET_US = 5.0
+
+
+def log(*parts):
+    print(*parts, file=sys.stderr, flush=True)
+
+
+def flop(spec, direction):
+    """4 * attended pairs * D forward, 2.5x that backward; causal pairs counted exactly."""
+    S = spec["seq_len"]
+    pairs = spec["batch"] * spec["q_heads"] * S * (S + 1) // 2
+    fwd = 4.0 * pairs * spec["head_dim"]
+    return fwd if direction == "fwd" else 3.5 * fwd
+
+
+# ---------------------------------------------------------------- the C++ bench
+
+
+def cxx_command(binary, spec, args):
+    """bench_attention_gpu on one shape: the gpt2 preset with every shape flag given, flash only,
+    --warmup one more than --host-calls so that its host time per call covers as many calls."""
+    return [binary, "--case", "gpt2", "--impl", "flash", "--dtype", "bf16",
+            "--batch", str(spec["batch"]), "--seq-len", str(spec["seq_len"]),
+            "--q-heads", str(spec["q_heads"]), "--kv-heads", str(spec["kv_heads"]),
+            "--head-dim", str(spec["head_dim"]), "--window", "0", "--docs", "0",
+            "--warmup", str(max(args.warmup, args.host_calls + 1)),
+            "--warmup-ms", str(args.warmup_ms), "--iters", str(args.iters),
+            "--max-sets", str(args.max_sets)]
+
+
+def parse_cxx(stdout):
+    """{"fwd": row, "bwd": row} from bench_attention_gpu's JSON lines (the meta line skipped)."""
+    rows = {}
+    for line in stdout.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        row = json.loads(line)
+        if row.get("meta") or row.get("impl") != "flash":
+            continue
+        rows[row["dir"]] = row
+    return rows
+
+
+def cxx_rows(case, spec, args):
+    """The C++ bench's fwd and fwd+bwd on this shape as rows of ours, or one row with the
+    reason it gave none."""
+    binary = args.cxx_bench
+    base = dict(side="c++", impl="c++", case=case, **spec)
+    if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
+        return [dict(base, dir="fwd", error=f"no C++ bench at {binary} (carry "
+                     "build-gpu/carry.tar.xz from scripts/build_gpu.sh, or pass --cxx-bench)")]
+    cmd = cxx_command(binary, spec, args)
+    log(f"{case} c++: {' '.join(cmd)}")
+    try:
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=args.cxx_timeout)
+    except subprocess.TimeoutExpired:
+        return [dict(base, dir="fwd", error=f"timed out after {args.cxx_timeout} s")]
+    if run.stderr.strip():
+        log("\n".join("  c++: " + line for line in run.stderr.strip().splitlines()))
+    got = parse_cxx(run.stdout)
+    if run.returncode != 0 or "fwd" not in got:
+        tail = (run.stderr.strip().splitlines() or ["no output"])[-1]
+        return [dict(base, dir="fwd", error=f"exit {run.returncode}: {tail}")]
+    out = []
+    fwd, bwd = got["fwd"], got.get("bwd", {})
+    for direction in DIRS:
+        row = dict(base, dir=direction, flop=flop(spec, direction), gpu=fwd.get("gpu"))
+        parts = [fwd] if direction == "fwd" else [fwd, bwd]
+        errors = [p["error"] for p in parts if "error" in p or not p]
+        if any("median_ms" not in p for p in parts):
+            row["error"] = errors[0] if errors else "no timing"
+        else:
+            row["median_ms"] = sum(p["median_ms"] for p in parts)
+            row["min_ms"] = sum(p["min_ms"] for p in parts)
+            row["max_ms"] = sum(p["max_ms"] for p in parts)
+            row["host_us"] = 1e3 * sum(p["host_ms_per_call"] for p in parts)
+            row["tflops"] = row["flop"] / (row["median_ms"] * 1e9)
+            row["config"] = fwd.get("config")
+        out.append(row)
+    return out
+
+
+# ---------------------------------------------------------------- the Python side
+
+
+def make_sets(spec, args, dtype, device, count):
+    """The peer's input sets ([B, H, S, D] views of [B, S, H, D] memory, leaves for SDPA) with
+    flashtrain's [B, S, H, D] leaves over the same memory beside them."""
+    sets = peer.make_input_sets(spec, args, dtype, device, count)
+    for s in sets:
+        for name in ("q", "k", "v"):
+            s["ft_" + name] = s[name].detach().transpose(1, 2).requires_grad_()
+        s["ft_dout"] = s["dout"].transpose(1, 2)
+        assert s["ft_q"].is_contiguous() and s["ft_dout"].is_contiguous()
+    return sets
+
+
+def flashtrain_step(impl, direction):
+    """call(s) for one of our impls on a set of make_sets."""
+    if impl == "ft-func":
+        from flashtrain.torch import flash_attn_func
+
+        def forward(s):
+            return flash_attn_func(s["ft_q"], s["ft_k"], s["ft_v"], causal=True)
+
+        def step(s):
+            out = forward(s)
+            torch.autograd.grad(out, (s["ft_q"], s["ft_k"], s["ft_v"]), s["ft_dout"])
+        return forward if direction == "fwd" else step
+    from flashtrain import attention
+
+    def forward_dlpack(s):
+        return attention.forward(s["ft_q"], s["ft_k"], s["ft_v"], causal=True)
+
+    def step_dlpack(s):
+        o, lse = forward_dlpack(s)
+        attention.backward(s["ft_q"], s["ft_k"], s["ft_v"], o, lse, s["ft_dout"], causal=True)
+    return forward_dlpack if direction == "fwd" else step_dlpack
+
+
+def sdpa_step(direction, gqa):
+    """call(s) for SDPA; the caller holds sdpa_kernel() around the timing."""
+    def forward(s):
+        if gqa:
+            return F.scaled_dot_product_attention(s["q"], s["k"], s["v"], is_causal=True,
+                                                  enable_gqa=True)
+        return F.scaled_dot_product_attention(s["q"], s["k"], s["v"], is_causal=True)
+
+    def step(s):
+        out = forward(s)
+        torch.autograd.grad(out, (s["q"], s["k"], s["v"]), s["dout"])
+    return forward if direction == "fwd" else step
+
+
+def try_once(step, s):
+    """None, or the error text of one call, with the warnings PyTorch gave about why a backend
+    refused it."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            step(s)
+            return None
+        except Exception as e:  # noqa: BLE001 - every failure becomes a row
+            why = f"{type(e).__name__}: {str(e).strip()}"
+            notes = "; ".join(str(w.message).strip() for w in caught)
+            return why + (f" (warnings: {notes})" if notes else "")
+
+
+def host_us(fn, args, device, queue, host_ms_guess):
+    """Median and min over --host-rounds of the host time per call of --host-calls back-to-back
+    calls of fn(i), each round behind fills that keep the GPU busy past its end."""
+    samples = []
+    for _ in range(args.host_rounds):
+        peer.synchronize(device)
+        queue.enqueue(1.5 * host_ms_guess * args.host_calls + 1.0)
+        t0 = time.perf_counter()
+        for i in range(args.host_calls):
+            fn(i)
+        samples.append((time.perf_counter() - t0) * 1e6 / args.host_calls)
+        peer.synchronize(device)
+    return statistics.median(samples), min(samples)
+
+
+def binding_parts(case, s, args, device, queue):
+    """Rows of host us per call for the pieces of one flashtrain.attention.forward (what it
+    does around the C++ call, and the module call itself), so that one run says where the
+    binding's time goes."""
+    from flashtrain import attention
+    from flashtrain.torch import flash_attn_func
+    ext = attention._ext
+    q, k, v = (s["ft_" + n].detach() for n in "qkv")
+    cuda = device.type == "cuda"
+    stream = torch.cuda.current_stream(device).cuda_stream if cuda else 0
+
+    def export(x):  # what attention.forward hands the module for x
+        return x.__dlpack__(stream=stream or 1) if cuda else x
+
+    def module_forward(_):
+        return ext.forward(export(q), export(k), export(v), None, True, 0, 0.0, "flash", None,
+                           stream)
+    out = module_forward(0)[0]
+    parts = [
+        ("torch.cuda.current_stream(device).cuda_stream",
+         lambda _: torch.cuda.current_stream(device).cuda_stream),
+        ("tensor.detach()", lambda _: q.detach()),
+        ("tensor.__dlpack__(stream=...) (CPU: none)", lambda _: export(q)),
+        ("torch.utils.dlpack.to_dlpack(tensor)", lambda _: torch.utils.dlpack.to_dlpack(q)),
+        ("torch.from_dlpack(module output)", lambda _: torch.from_dlpack(out)),
+        ("module forward, with its 3 exports", module_forward),
+        ("flashtrain.attention.forward", lambda _: attention.forward(q, k, v, causal=True)),
+        ("flash_attn_func, no autograd", lambda _: flash_attn_func(q, k, v, causal=True)),
+    ]
+    rows = []
+    for name, fn in parts:
+        if name.startswith("torch.cuda.") and not cuda:
+            continue
+        row = dict(side="profile", impl="part", case=case, dir="fwd", part=name)
+        try:
+            fn(0)
+            row["host_us"], row["host_us_min"] = host_us(fn, args, device, queue, 0.1)
+        except Exception as e:  # noqa: BLE001 - a piece that fails is a row
+            row["error"] = f"{type(e).__name__}: {str(e).strip()}"
+        rows.append(row)
+        log(f"{case} binding part {name}: {row.get('host_us', row.get('error'))}")
+    return rows
+
+
+def backend(impl):
+    """The context one impl's calls run in: sdpa_kernel() with that one backend for SDPA."""
+    if impl not in SDPA_IMPLS:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([getattr(SDPBackend, SDPA_IMPLS[impl])])
+
+
+def measure(impl, direction, case, spec, sets, args, device, queue, gpu):
+    row = dict(side="flashtrain" if impl in FT_IMPLS else "pytorch", impl=impl, case=case,
+               dir=direction, **spec, flop=flop(spec, direction), gpu=gpu,
+               input_sets=len(sets), iters=args.iters, host_calls=args.host_calls)
+    gqa = spec["q_heads"] != spec["kv_heads"]
+    try:
+        with backend(impl):
+            if impl in FT_IMPLS:
+                step = flashtrain_step(impl, direction)
+                error = try_once(step, sets[0])
+            else:
+                step = sdpa_step(direction, gqa)
+                error = try_once(step, sets[0])
+                if error and gqa:
+                    expanded = peer.expand_kv(sets, spec["q_heads"] // spec["kv_heads"])
+                    step = sdpa_step(direction, False)
+                    error2 = try_once(step, expanded[0])
+                    if error2:
+                        error = f"enable_gqa: {error} | kv expanded: {error2}"
+                    else:
+                        error, sets = None, expanded
+                        row["note"] = "kv expanded"
+            if error:
+                raise RuntimeError(error)
+            timed = peer.time_calls(lambda i, _: step(sets[i % len(sets)]), args, device, queue)
+            host, host_min = host_us(lambda i: step(sets[i % len(sets)]), args, device, queue,
+                                     timed["host_ms_per_call"])
+    except Exception as e:  # noqa: BLE001 - a failing impl is a row, not a crash
+        row["error"] = str(e).strip() or type(e).__name__
+        log(f"{case} {impl} {direction}: {row['error']}")
+        return row
+    row.update(median_ms=timed["median_ms"], min_ms=timed["min_ms"], max_ms=timed["max_ms"],
+               host_us=host, host_us_min=host_min,
+               tflops=row["flop"] / (timed["median_ms"] * 1e9))
+    log(f"{case} {impl} {direction}: {row['median_ms']:.4f} ms, {row['tflops']:.1f} TFLOP/s, "
+        f"host {host:.1f} us/call")
+    return row
+
+
+# ---------------------------------------------------------------- report
+
+
+def versions(device):
+    meta = peer.meta_row(device)
+    info = dict(gpu=meta.get("gpu", device.type), torch=torch.__version__,
+                cuda=meta.get("cuda"), cudnn=meta.get("cudnn"), sms=meta.get("sms"),
+                l2_bytes=meta.get("l2_bytes"), python=platform.python_version())
+    try:
+        import flashtrain
+        from flashtrain import attention
+        info["flashtrain"] = flashtrain.__version__
+        info["flashtrain_cuda"] = bool(attention.built_with_cuda())
+        info["flashtrain_path"] = os.path.dirname(flashtrain.__file__)
+    except Exception as e:  # noqa: BLE001 - the SDPA rows still mean something
+        info["flashtrain_error"] = f"{type(e).__name__}: {e}"
+    try:
+        query = ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]
+        info["nvidia_smi"] = subprocess.run(query, capture_output=True, text=True,
+                                            timeout=30).stdout.strip().splitlines()[0]
+    except Exception:  # noqa: BLE001 - optional
+        pass
+    return info
+
+
+def header(info, args):
+    lines = ["# Attention from Python beside PyTorch SDPA and the C++ bench "
+             "(bench/python_attention.py)", ""]
+    gpu = info["gpu"] + (f" ({info['sms']} SMs)" if info.get("sms") else "")
+    if info.get("nvidia_smi"):
+        gpu += f"; nvidia-smi: {info['nvidia_smi']}"
+    lines.append(f"GPU: {gpu}")
+    ft = (f"flashtrain {info['flashtrain']} ({'CUDA' if info['flashtrain_cuda'] else 'CPU only'}"
+          f", {info['flashtrain_path']})" if "flashtrain" in info
+          else f"flashtrain: {info.get('flashtrain_error')}")
+    lines.append(f"torch {info['torch']}, CUDA {info['cuda']}, cuDNN {info['cudnn']}, {ft}, "
+                 f"Python {info['python']}")
+    lines.append(f"bf16, causal; GPU ms: median of {args.iters} (events, queue ahead); host us: "
+                 f"median of {args.host_rounds} rounds of {args.host_calls} back-to-back calls; "
+                 "TFLOP/s from 4*pairs*D forward, 3.5x that forward+backward")
+    return lines
+
+
+def fmt(row, key, spec):
+    value = row.get(key)
+    return "" if value is None else format(value, spec)
+
+
+def case_table(case, spec, rows):
+    shape = (f"B={spec['batch']} S={spec['seq_len']} Hq={spec['q_heads']} "
+             f"Hkv={spec['kv_heads']} D={spec['head_dim']}")
+    lines = ["", f"## {case}: {shape}", "",
+             "| impl | dir | GPU ms (median) | min .. max | TFLOP/s | host us/call | note |",
+             "|---|---|---:|---|---:|---:|---|"]
+    for row in rows:
+        if row["side"] == "profile":
+            continue
+        if "error" in row:
+            why = " ".join(row["error"].split())
+            why = why if len(why) <= 300 else why[:300] + " ..."
+            lines.append(f"| {row['impl']} | {row['dir']} | | | | | {why} |")
+            continue
+        span = f"{row['min_ms']:.4f} .. {row['max_ms']:.4f}"
+        note = row.get("note", "") or (f"config {row['config']}" if row.get("config") else "")
+        lines.append(f"| {row['impl']} | {row['dir']} | {fmt(row, 'median_ms', '.4f')} | {span} "
+                     f"| {fmt(row, 'tflops', '.1f')} | {fmt(row, 'host_us', '.1f')} | {note} |")
+    return lines
+
+
+def parts_lines(rows, cxx_rows):
+    """Where the host time of flashtrain.attention.forward goes, beside the C++ bench's."""
+    if not rows:
+        return []
+    case = rows[0]["case"]
+    lines = ["", f"## Host us per call of the pieces of flashtrain.attention.forward ({case})", "",
+             "| piece | host us/call (median) | min |", "|---|---:|---:|"]
+    for r in cxx_rows:
+        if r["dir"] == "fwd" and "host_us" in r:
+            lines.append(f"| C++ bench: attention::forward | {r['host_us']:.2f} | |")
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['part']} | {' '.join(r['error'].split())[:200]} | |")
+        else:
+            lines.append(f"| {r['part']} | {r['host_us']:.2f} | {r['host_us_min']:.2f} |")
+    return lines
+
+
+def binding_lines(rows_by_case):
+    """Python host time minus the C++ bench's, per case and direction, for our two entry
+    points; the verdict from the tiny case (or the smallest case run)."""
+    lines = ["", "## Binding overhead: host us per call, Python minus the C++ bench", "",
+             "| case | dir | C++ host us | ft-dlpack | ft-func | C++ GPU ms |",
+             "|---|---|---:|---:|---:|---:|"]
+    verdict = []
+    for case, rows in rows_by_case.items():
+        for direction in DIRS:
+            def find(impl):
+                for r in rows:
+                    if r["impl"] == impl and r["dir"] == direction and "host_us" in r:
+                        return r
+                return None
+            cxx = find("c++")
+            if cxx is None:
+                continue
+            cells = []
+            for impl in FT_IMPLS:
+                r = find(impl)
+                cells.append("" if r is None else f"{r['host_us'] - cxx['host_us']:+.1f}")
+                if r is not None and case == "tiny":
+                    verdict.append((impl, direction, r["host_us"] - cxx["host_us"]))
+            lines.append(f"| {case} | {direction} | {cxx['host_us']:.1f} | {cells[0]} | "
+                         f"{cells[1]} | {cxx['median_ms']:.4f} |")
+    if len(lines) == 5:
+        return lines + ["", "(no C++ rows: nothing to compare)"]
+    lines.append("")
+    for impl, direction, us in verdict:
+        met = "under" if us < BINDING_TARGET_US else "NOT under"
+        lines.append(f"- tiny {direction}, {impl}: {us:+.1f} us per call, {met} the "
+                     f"{BINDING_TARGET_US:.0f} us target")
+    return lines
+
+
+# ---------------------------------------------------------------- main
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--case", default=list(CASES), type=lambda s: s.split(","),
+                    help=f"comma list of {', '.join(CASES)} (default: all)")
+    ap.add_argument("--impl", default=DEFAULT_IMPLS.split(","), type=lambda s: s.split(","),
+                    help=f"comma list of {', '.join(FT_IMPLS + tuple(SDPA_IMPLS))} "
+                         f"(default: {DEFAULT_IMPLS})")
+    ap.add_argument("--dir", default=list(DIRS), type=lambda s: s.split(","),
+                    help="fwd, fwd+bwd or both (comma list)")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--warmup-ms", type=float, default=300.0,
+                    help="keep warming up until this many milliseconds have passed")
+    ap.add_argument("--iters", type=int, default=20, help="event-timed calls (median)")
+    ap.add_argument("--max-sets", type=int, default=64, help="at most this many input sets")
+    ap.add_argument("--host-calls", type=int, default=50,
+                    help="back-to-back calls per host-timing round (also the C++ bench's)")
+    ap.add_argument("--host-rounds", type=int, default=5)
+    ap.add_argument("--cxx-bench", default=os.path.join(REPO, "build-gpu", "carry",
+                                                        "bench_attention_gpu"),
+                    help="bench_attention_gpu; '' to leave the C++ rows out")
+    ap.add_argument("--cxx-timeout", type=float, default=300.0, help="seconds per C++ run")
+    ap.add_argument("--no-parts", dest="parts", action="store_false",
+                    help="leave out the host time of the binding's pieces (smallest case)")
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu to exercise the logic")
+    ap.add_argument("--jsonl", help="write every row (and the versions) here as JSON lines")
+    args = ap.parse_args(argv)
+    for name in args.case:
+        if name not in CASES:
+            ap.error(f"unknown --case '{name}' (allowed: {', '.join(CASES)})")
+    for impl in args.impl:
+        if impl not in FT_IMPLS and impl not in SDPA_IMPLS:
+            ap.error(f"unknown --impl '{impl}' (allowed: "
+                     f"{', '.join(FT_IMPLS + tuple(SDPA_IMPLS))})")
+    for direction in args.dir:
+        if direction not in DIRS:
+            ap.error(f"unknown --dir '{direction}' (allowed: {', '.join(DIRS)})")
+    for name in ("iters", "host_calls", "host_rounds", "max_sets"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    args.layout = "bshd"  # the peer's input sets: [B, S, H, D] memory, as flashtrain reads
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        log("python_attention: no CUDA device visible to torch")
+        return 2
+    dtype = torch.bfloat16
+    # The C++ bench first, before this process holds GPU memory.
+    cxx = {}
+    for case in args.case:
+        cxx[case] = cxx_rows(case, CASES[case], args) if args.cxx_bench else []
+    info = versions(device)
+    jsonl = open(args.jsonl, "w") if args.jsonl else None
+    if jsonl:
+        jsonl.write(json.dumps(dict(meta=True, **info)) + "\n")
+    l2_bytes = (info["l2_bytes"] or 60 << 20) if device.type == "cuda" else 0
+    queue = peer.QueueAhead(device)
+    rows_by_case, failed, parts = {}, False, []
+    parts_case = min(args.case, key=lambda c: flop(CASES[c], "fwd"))
+    for case in args.case:
+        spec = CASES[case]
+        count = peer.input_set_count(dict(spec), dtype, l2_bytes, args.max_sets)
+        log(f"{case}: {spec}, {count} input set(s)")
+        sets = make_sets(dict(spec, window=0, docs=0), args, dtype, device, count)
+        rows = [r for r in cxx[case] if r["dir"] in args.dir or "error" in r]
+        for impl in args.impl:
+            for direction in args.dir:
+                rows.append(measure(impl, direction, case, spec, sets, args, device, queue,
+                                    info["gpu"]))
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+        if args.parts and case == parts_case and "flashtrain" in info:
+            try:
+                parts = binding_parts(case, sets[0], args, device, queue)
+            except Exception as e:  # noqa: BLE001 - the tables above still stand
+                log(f"{case} binding parts: {type(e).__name__}: {e}")
+            rows.extend(parts)
+        del sets
+        rows_by_case[case] = rows
+        failed = failed or any("error" in r for r in rows if r["side"] in ("flashtrain", "c++"))
+        if jsonl:
+            for r in rows:
+                jsonl.write(json.dumps(r) + "\n")
+            jsonl.flush()
+    lines = header(info, args)
+    for case, rows in rows_by_case.items():
+        lines += case_table(case, CASES[case], rows)
+    lines += binding_lines(rows_by_case)
+    lines += parts_lines(parts, cxx.get(parts[0]["case"], []) if parts else [])
+    print("\n".join(lines), flush=True)
+    if jsonl:
+        jsonl.close()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,386 @@
+// flashtrain._flashtrain: the attention API (src/attention/attention.h) on DLPack arrays. As thin
+// as the CLI: it turns arrays into tensors, calls forward()/backward() and hands the results
+// back; python/flashtrain/attention.py adds the keywords and the frameworks' conventions.
+//
+// Inputs are borrowed without a copy (Tensor::wrap): they must be C-contiguous, and on the GPU
+// 16-byte aligned (the kernels' vector loads). Outputs are the library's tensors, exported
+// without a copy; each keeps its storage alive until the consumer drops it. On the GPU every
+// launch, allocation and free goes on the caller's stream (cuda::StreamScope), and an output's
+// memory goes back to the pool on the stream it was made on.
+//
+// bf16 arrives as DLPack bfloat16 (PyTorch, JAX, CuPy) or, where the framework has no bf16
+// (NumPy), as uint16 holding the bit patterns; outputs come back in the same form as q.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "attention/attention.h"
+#include "attention/kernel_config.h"
+#include "core/device.h"
+#include "core/error.h"
+#include "core/tensor.h"
+
+#ifdef FLASHTRAIN_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "core/cuda/check.h"
+#include "core/cuda/runtime.h"
+#endif
+
+namespace nb = nanobind;
+
+namespace ft::python {
+namespace {
+
+using Array = nb::ndarray<nb::ro>;       // any dtype, shape, strides and device
+using Out = nb::ndarray<nb::array_api>;  // exported as an object with __dlpack__
+using dtype_code = nb::dlpack::dtype_code;
+
+bool same_dtype(nb::dlpack::dtype a, nb::dlpack::dtype b) {
+  return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
+}
+
+std::string dtype_str(nb::dlpack::dtype d) {
+  const char* kind = "?";
+  switch (static_cast<dtype_code>(d.code)) {
+    case dtype_code::Int:
+      kind = "int";
+      break;
+    case dtype_code::UInt:
+      kind = "uint";
+      break;
+    case dtype_code::Float:
+      kind = "float";
+      break;
+    case dtype_code::Bfloat:
+      kind = "bfloat";
+      break;
+    case dtype_code::Complex:
+      kind = "complex";
+      break;
+    case dtype_code::Bool:
+      kind = "bool";
+      break;
+    default:
+      return str("dlpack-code", static_cast<int>(d.code), "-bits", static_cast<int>(d.bits));
+  }
+  return str(kind, static_cast<int>(d.bits), d.lanes != 1 ? str("x", d.lanes) : "");
+}
+
+std::string shape_of(const Array& a) {
+  Shape s;
+  for (size_t i = 0; i < a.ndim(); ++i) s.push_back(static_cast<int64_t>(a.shape(i)));
+  return shape_str(s);
+}
+
+std::string strides_of(const Array& a) {
+  Shape s;
+  for (size_t i = 0; i < a.ndim(); ++i) s.push_back(a.stride(i));
+  return shape_str(s);
+}
+
+// The element type an array holds for the library: fp32, fp64, bf16 (DLPack bfloat16, or uint16
+// carrying bf16 bits) or int32.
+DType library_dtype(const char* name, const Array& a) {
+  const nb::dlpack::dtype d = a.dtype();
+  if (d.lanes == 1) {
+    const auto code = static_cast<dtype_code>(d.code);
+    if (code == dtype_code::Float && d.bits == 32) return DType::f32;
+    if (code == dtype_code::Float && d.bits == 64) return DType::f64;
+    if (code == dtype_code::Bfloat && d.bits == 16) return DType::bf16;
+    if (code == dtype_code::UInt && d.bits == 16) return DType::bf16;
+    if (code == dtype_code::Int && d.bits == 32) return DType::i32;
+  }
+  throw nb::type_error(str("attention: ", name, " has dtype ", dtype_str(d),
+                           " (allowed: float32, bfloat16 or uint16 holding bf16 bits, float64; "
+                           "segment ids int32)")
+                           .c_str());
+}
+
+Device device_of(const char* name, const Array& a) {
+  if (a.device_type() == nb::device::cpu::value) return Device::cpu;
+  if (a.device_type() == nb::device::cuda::value) {
+#ifdef FLASHTRAIN_WITH_CUDA
+    return Device::cuda;
+#else
+    throw nb::value_error(str("attention: ", name,
+                              " is on a CUDA device, but this flashtrain "
+                              "module was built without CUDA (reinstall with FLASHTRAIN_CUDA=ON)")
+                              .c_str());
+#endif
+  }
+  throw nb::value_error(str("attention: ", name, " is on DLPack device type ", a.device_type(),
+                            " (allowed: CPU, CUDA)")
+                            .c_str());
+}
+
+// A borrowed tensor over the array's memory: rank, contiguity and alignment checked here, the
+// shapes against each other by the library.
+Tensor borrow(const char* name, const Array& a, size_t rank, const char* layout) {
+  if (a.ndim() != rank) {
+    throw nb::value_error(
+        str("attention: ", name, " must be ", rank, "-D ", layout, ", got shape ", shape_of(a))
+            .c_str());
+  }
+  const DType dtype = library_dtype(name, a);
+  const Device device = device_of(name, a);
+  int64_t expected = 1;
+  for (size_t i = rank; i-- > 0;) {
+    if (a.shape(i) != 1 && a.stride(i) != expected) {
+      throw nb::value_error(str("attention: ", name, " is not contiguous (shape ", shape_of(a),
+                                ", strides ", strides_of(a),
+                                " in elements); pass a C-contiguous array "
+                                "(numpy.ascontiguousarray, tensor.contiguous())")
+                                .c_str());
+    }
+    expected *= static_cast<int64_t>(a.shape(i));
+  }
+  const auto address = reinterpret_cast<uintptr_t>(a.data());
+  if (device == Device::cuda && address % 16 != 0) {
+    throw nb::value_error(str("attention: ", name,
+                              " starts at an address that is not 16-byte "
+                              "aligned (",
+                              address % 16,
+                              " bytes past); the CUDA kernels load 16 "
+                              "bytes at a time: pass a copy")
+                              .c_str());
+  }
+  Shape shape;
+  for (size_t i = 0; i < rank; ++i) shape.push_back(static_cast<int64_t>(a.shape(i)));
+  return Tensor::wrap(const_cast<void*>(a.data()), shape, dtype, device);
+}
+
+// Everything of one call that must agree with q: the DLPack dtype (so that uint16 and bfloat16
+// are not mixed) and the device.
+void check_like_q(const char* name, const Array& a, const Array& q) {
+  if (!same_dtype(a.dtype(), q.dtype())) {
+    throw nb::type_error(str("attention: ", name, " has dtype ", dtype_str(a.dtype()), ", q has ",
+                             dtype_str(q.dtype()), " (they must be the same)")
+                             .c_str());
+  }
+  if (a.device_type() != q.device_type() || a.device_id() != q.device_id()) {
+    throw nb::value_error(str("attention: ", name, " is on device (", a.device_type(), ", ",
+                              a.device_id(), "), q on (", q.device_type(), ", ", q.device_id(),
+                              ") (DLPack device type, id): they must be on one device")
+                              .c_str());
+  }
+}
+
+// The stream and device a call runs on; the CPU needs neither.
+class CallContext {
+ public:
+  CallContext(const Array& q, uintptr_t stream) : stream_(stream) {
+#ifndef FLASHTRAIN_WITH_CUDA
+    (void)q;
+#else
+    if (q.device_type() == nb::device::cuda::value) {
+      cuda::init_device(q.device_id());  // one GPU per process: another is an ft::Error
+      FT_CUDA_CHECK(cudaSetDevice(q.device_id()));
+      scope_.emplace(reinterpret_cast<cudaStream_t>(stream));
+    }
+#endif
+  }
+  uintptr_t stream() const {
+    return stream_;
+  }
+
+ private:
+  uintptr_t stream_;
+#ifdef FLASHTRAIN_WITH_CUDA
+  std::optional<cuda::StreamScope> scope_;
+#endif
+};
+
+// Keeps an output's storage alive for its consumer; a GPU buffer goes back to the pool on the
+// stream it was made on.
+struct Keeper {
+  Tensor tensor;
+  uintptr_t stream;
+
+  ~Keeper() {
+#ifdef FLASHTRAIN_WITH_CUDA
+    if (tensor.defined() && tensor.device() == Device::cuda) {
+      try {
+        cuda::StreamScope scope(reinterpret_cast<cudaStream_t>(stream));
+        tensor = Tensor();
+      } catch (...) {
+        // A failing free (a broken context) cannot be reported from a destructor.
+      }
+    }
+#endif
+  }
+};
+
+// The DLPack dtype an output is handed back in: q's form for q-like outputs (bfloat16 or
+// uint16), plain floats otherwise.
+nb::dlpack::dtype export_dtype(DType dtype, nb::dlpack::dtype q_form) {
+  switch (dtype) {
+    case DType::f32:
+      return nb::dtype<float>();
+    case DType::f64:
+      return nb::dtype<double>();
+    case DType::i32:
+      return nb::dtype<int32_t>();
+    case DType::bf16:
+      return q_form;
+  }
+  return q_form;
+}
+
+Out hand_back(Tensor tensor, nb::dlpack::dtype q_form, const CallContext& call) {
+  std::vector<size_t> shape(tensor.shape().begin(), tensor.shape().end());
+  const bool gpu = tensor.device() == Device::cuda;
+  const int device_type = gpu ? nb::device::cuda::value : nb::device::cpu::value;
+  const int device_id = gpu ? cuda_current_device() : 0;
+  const DType dtype = tensor.dtype();
+  void* data = tensor.raw();
+  auto* keeper = new Keeper{std::move(tensor), call.stream()};
+  nb::capsule owner(keeper, [](void* p) noexcept { delete static_cast<Keeper*>(p); });
+  return Out(data, shape.size(), shape.data(), owner, nullptr, export_dtype(dtype, q_form),
+             device_type, device_id);
+}
+
+struct Inputs {
+  Tensor q, k, v, segment_ids;
+  attention::Problem problem;
+};
+
+Inputs borrow_inputs(const Array& q, const Array& k, const Array& v, const Array& segment_ids,
+                     bool causal, int64_t window, double scale) {
+  Inputs in;
+  in.q = borrow("q", q, 4, "[B, S, Hq, D]");
+  check_like_q("k", k, q);
+  check_like_q("v", v, q);
+  in.k = borrow("k", k, 4, "[B, S, Hkv, D]");
+  in.v = borrow("v", v, 4, "[B, S, Hkv, D]");
+  if (in.q.dtype() == DType::i32) {
+    throw nb::type_error(
+        "attention: q, k and v have dtype int32 (allowed: float32, bfloat16 or "
+        "uint16 holding bf16 bits, float64)");
+  }
+  attention::Mask mask;
+  mask.causal = causal;
+  mask.window = window;
+  if (segment_ids.is_valid()) {
+    in.segment_ids = borrow("segment_ids", segment_ids, 2, "[B, S]");
+    if (in.segment_ids.dtype() != DType::i32) {
+      throw nb::type_error(str("attention: segment_ids has dtype ", dtype_str(segment_ids.dtype()),
+                               " (allowed: int32)")
+                               .c_str());
+    }
+    mask.has_segments = true;
+  }
+  in.problem = attention::make_problem(in.q, in.k, in.v, mask, scale);
+  return in;
+}
+
+nb::tuple forward(const Array& q, const Array& k, const Array& v, const Array& segment_ids,
+                  bool causal, int64_t window, double scale, const std::string& impl_name,
+                  const attention::KernelConfig* config, uintptr_t stream) {
+  const attention::Impl impl = attention::parse_impl(impl_name);
+  const CallContext call(q, stream);
+  const Inputs in = borrow_inputs(q, k, v, segment_ids, causal, window, scale);
+  attention::ForwardOutput out;
+  {
+    nb::gil_scoped_release release;
+    out = attention::forward(impl, in.problem, in.q, in.k, in.v, in.segment_ids, config);
+  }
+  return nb::make_tuple(hand_back(std::move(out.o), q.dtype(), call),
+                        hand_back(std::move(out.lse), q.dtype(), call));
+}
+
+nb::tuple backward(const Array& q, const Array& k, const Array& v, const Array& o, const Array& lse,
+                   const Array& dout, const Array& segment_ids, bool causal, int64_t window,
+                   double scale, const std::string& impl_name,
+                   const attention::KernelConfig* config, uintptr_t stream) {
+  const attention::Impl impl = attention::parse_impl(impl_name);
+  const CallContext call(q, stream);
+  const Inputs in = borrow_inputs(q, k, v, segment_ids, causal, window, scale);
+  // The reference widens any float dtype (its o is fp64 whatever q is); the others take q's.
+  if (impl != attention::Impl::reference) check_like_q("o", o, q);
+  check_like_q("do", dout, q);
+  attention::ForwardOutput fwd;
+  fwd.o = borrow("o", o, 4, "[B, S, Hq, D]");
+  fwd.lse = borrow("lse", lse, 3, "[B, Hq, S]");
+  if (fwd.lse.dtype() != DType::f32 && fwd.lse.dtype() != DType::f64) {
+    throw nb::type_error(
+        str("attention: lse has dtype ", dtype_str(lse.dtype()), " (allowed: float32, float64)")
+            .c_str());
+  }
+  const Tensor d_out = borrow("do", dout, 4, "[B, S, Hq, D]");
+  attention::Gradients g;
+  {
+    nb::gil_scoped_release release;
+    // naive's backward reads the probabilities its forward keeps, which are not handed out:
+    // it recomputes them.
+    if (impl == attention::Impl::naive) {
+      fwd = attention::forward(impl, in.problem, in.q, in.k, in.v, in.segment_ids);
+    }
+    g = attention::backward(impl, in.problem, in.q, in.k, in.v, fwd, d_out, in.segment_ids, config);
+  }
+  return nb::make_tuple(hand_back(std::move(g.dq), q.dtype(), call),
+                        hand_back(std::move(g.dk), q.dtype(), call),
+                        hand_back(std::move(g.dv), q.dtype(), call));
+}
+
+}  // namespace
+}  // namespace ft::python
+
+NB_MODULE(_flashtrain, m) {
+  using namespace ft;
+  using ft::attention::KernelConfig;
+  m.doc() = "flashtrain's attention library (src/attention/attention.h) on DLPack arrays";
+
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const OutOfMemory& e) {
+      PyErr_SetString(PyExc_MemoryError, e.what());
+    } catch (const Error& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+
+  nb::class_<KernelConfig>(m, "KernelConfig",
+                           "Tiles and paths of the CUDA flash kernels (kernel_config.h), written "
+                           "as 'fwd=128x64/128 bwd=64x64/128/double'.")
+      .def(nb::init<>())
+      .def_static(
+          "parse", [](const std::string& text) { return KernelConfig::parse(text); },
+          nb::arg("text"), "Parses the text form; a part left out keeps the default.")
+      .def("__str__", &KernelConfig::str)
+      .def("__repr__", [](const KernelConfig& c) { return "KernelConfig('" + c.str() + "')"; })
+      .def("__eq__", [](const KernelConfig& a, const KernelConfig& b) { return a == b; })
+      .def("__hash__", [](const KernelConfig& c) { return std::hash<std::string>()(c.str()); });
+
+  m.def(
+      "built_with_cuda", [] { return cuda_training_supported(); },
+      "True when the module was built with the CUDA kernels.");
+  m.def("cuda_device_count", &cuda_device_count);
+  m.def(
+      "synchronize_stream",
+      [](uintptr_t stream) {
+#ifdef FLASHTRAIN_WITH_CUDA
+        nb::gil_scoped_release release;
+        FT_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream)));
+#else
+        (void)stream;
+#endif
+      },
+      nb::arg("stream"), "Waits for the work queued on a cudaStream_t handle (CPU: nothing).");
+
+  m.def("forward", &python::forward, nb::arg("q"), nb::arg("k"), nb::arg("v"),
+        nb::arg("segment_ids").none(), nb::arg("causal"), nb::arg("window"), nb::arg("scale"),
+        nb::arg("impl"), nb::arg("config").none(), nb::arg("stream"),
+        "(o, lse): the library's forward; see flashtrain.attention.forward.");
+  m.def("backward", &python::backward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"),
+        nb::arg("lse"), nb::arg("do"), nb::arg("segment_ids").none(), nb::arg("causal"),
+        nb::arg("window"), nb::arg("scale"), nb::arg("impl"), nb::arg("config").none(),
+        nb::arg("stream"), "(dq, dk, dv): the library's backward; see flashtrain.attention.");
+}

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine, from the repository root: installs the wheel that
+# scripts/build_python_gpu.sh built (carried as build-py/wheels) into /tmp/flashtrain-site and runs
+# tests/python with the machine's PyTorch, transformers and GPU, so that the GPU tests run there
+# instead of skipping. The converter and transformers tests also need the CLI, and the benchmark
+# the C++ bench: carry build-gpu/carry.tar.xz from scripts/build_gpu.sh
+# (BINARIES="flashtrain bench_attention_gpu"); flashtrain's side of the transformers tests then
+# runs on the GPU (FLASHTRAIN_HF_DEVICE, default cuda). Then, unless BENCH=0,
+# bench/python_attention.py: flashtrain from Python beside PyTorch SDPA's backends and the C++
+# bench on the same shapes, and the binding's overhead per call (BENCH_ARGS: its flags, as shell
+# words; TESTS=0 runs only the benchmark). Extra arguments go to pytest (e.g. -k torch). Logs
+# under $OUT (default ./gpu-out): gpu.txt, pytest.log, python_attention.md (the tables),
+# python_attention.jsonl, python_attention.log (progress). Exits non-zero when pytest or the
+# benchmark failed.
+set -uo pipefail
+out="${OUT:-gpu-out}"
+mkdir -p "$out"
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/flashtrain-site \
+  build-py/wheels/flashtrain-*.whl || exit 1
+export PYTHONPATH="/tmp/flashtrain-site${PYTHONPATH:+:$PYTHONPATH}"
+if [ -f build-gpu/carry.tar.xz ]; then
+  source scripts/gpu_env.sh
+  export FLASHTRAIN_CLI="$PWD/build-gpu/carry/flashtrain"
+fi
+export FLASHTRAIN_HF_DEVICE="${FLASHTRAIN_HF_DEVICE:-cuda}"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+python3 -c "
+import importlib, platform
+found = []
+for name in ('torch', 'transformers', 'cupy', 'jax', 'numpy'):
+    try:
+        found.append(name + ' ' + importlib.import_module(name).__version__)
+    except Exception as e:
+        found.append(name + ' missing (' + type(e).__name__ + ')')
+print('python', platform.python_version() + ';', ', '.join(found))" | tee -a "$out/gpu.txt"
+status=0
+if [ "${TESTS:-1}" != 0 ]; then
+  python3 -m pytest -q -p no:cacheprovider -rs --durations=10 tests/python "$@" 2>&1 |
+    tee "$out/pytest.log"
+  status=${PIPESTATUS[0]}
+fi
+if [ "${BENCH:-1}" != 0 ]; then
+  bench_args=()
+  eval "bench_args=(${BENCH_ARGS:-})"
+  python3 bench/python_attention.py --jsonl "$out/python_attention.jsonl" "${bench_args[@]}" \
+    2>"$out/python_attention.log" | tee "$out/python_attention.md"
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" -ne 0 ]; then
+    echo "python_attention: exit $rc; the last lines of $out/python_attention.log:"
+    tail -5 "$out/python_attention.log"
+    status=1
+  fi
+fi
+exit "$status"
