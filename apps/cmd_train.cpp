@@ -1,7 +1,12 @@
 // `flashtrain train`: flags -> TrainConfig -> ft::train::train(). SIGINT and SIGTERM ask the run
 // to stop after the current step (it saves, logs and exits 130); a second one exits at once.
+// Under mpirun every rank runs this: it takes its GPU (its local rank, or --device cuda:K),
+// joins the job's communicator, and a rank that fails prints its rank and reason and ends
+// every rank of the job (MPI_Abort) rather than leaving them waiting.
 #include <atomic>
 #include <csignal>
+#include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -12,6 +17,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "device_flag.h"
+#include "dist/communicator.h"
 #include "models/config.h"
 #include "train/trainer.h"
 
@@ -61,6 +67,8 @@ class StopSignals {
 struct TrainFlags {
   train::TrainConfig config;
   std::string dtype = "fp32", device = "auto", attention = "naive", lr_schedule = "cosine";
+  std::string dist = "auto", comm_dtype = "auto";
+  double dist_timeout = 600.0;
   int64_t layers = 0, width = 0, heads = 0, kv_heads = 0, vocab = 0, context = 0;
   bool list_models = false, rope_scaling = false;
   CLI::App* cmd = nullptr;  // to tell a flag given on the command line from its default
@@ -71,6 +79,29 @@ std::optional<int64_t> override_flag(const CLI::App& cmd, const char* flag, int6
   if (cmd.count(flag) == 0) return std::nullopt;
   FT_CHECK(value >= 1, flag, " must be >= 1, got ", value);
   return value;
+}
+
+dist::Backend dist_backend(const std::string& flag, const dist::Launch& launch, Device device) {
+  if (flag == "off") return dist::Backend::local;
+  if (flag == "auto") {
+    if (!launch.by_mpirun) return dist::Backend::local;
+    return device == Device::cuda ? dist::Backend::nccl : dist::Backend::mpi;
+  }
+  const dist::Backend b = flag == "mpi" ? dist::Backend::mpi : dist::Backend::nccl;
+  FT_CHECK(b != dist::Backend::nccl || device == Device::cuda,
+           "--dist nccl reduces GPU tensors: it needs --device cuda");
+  FT_CHECK(b != dist::Backend::mpi || device == Device::cpu,
+           "--dist mpi reduces CPU tensors: on GPUs use --dist nccl (or auto)");
+  return b;
+}
+
+// The GPU of a rank that named none: its rank among the ranks of its node.
+int rank_gpu(const dist::Launch& launch) {
+  const int gpus = cuda_device_count();
+  FT_CHECK(launch.local_rank < gpus, "rank ", launch.rank, " is rank ", launch.local_rank,
+           " on its node, which has ", gpus, " GPU", gpus == 1 ? "" : "s",
+           ": start at most one rank per GPU (mpirun -npernode ", gpus, ")");
+  return launch.local_rank;
 }
 
 void run(TrainFlags& f) {
@@ -95,13 +126,37 @@ void run(TrainFlags& f) {
            c.tokenizer, ": no such file");
   c.dtype = parse_dtype(f.dtype);
   c.lr_decay = train::parse_lr_decay(f.lr_schedule);
-  c.device = resolve_device(f.device, std::cout);
+  if (f.comm_dtype != "auto") c.wire_dtype = parse_dtype(f.comm_dtype);
+  const dist::Launch launch = dist::launch_from_environment();
+  std::ostream null_out(nullptr);
+  int gpu = -1;
+  c.device = resolve_device(f.device, launch.rank == 0 ? std::cout : null_out, &gpu);
   c.attention.impl = attention::parse_impl(f.attention);
   FT_CHECK(c.attention.impl != attention::Impl::reference,
            "--attention reference is the fp64 test oracle; train with naive or flash");
+  FT_CHECK(f.dist_timeout > 0, "--dist-timeout must be > 0 seconds, got ", f.dist_timeout);
+  dist::CommOptions comm_options;
+  comm_options.backend = dist_backend(f.dist, launch, c.device);
+  comm_options.timeout_s = f.dist_timeout;
+  if (c.device == Device::cuda) {
+    comm_options.cuda_device = gpu >= 0 ? gpu : rank_gpu(launch);
+    use_cuda_device(comm_options.cuda_device);
+  }
+  const std::unique_ptr<dist::Communicator> comm = dist::make_communicator(comm_options);
+  c.comm = comm.get();
   c.stop_requested = &g_stop_requested;
   const StopSignals signals;
-  const train::TrainSummary summary = train::train(c, std::cout);
+  train::TrainSummary summary;
+  try {
+    summary = train::train(c, std::cout);
+  } catch (const std::exception& e) {
+    if (comm->size() == 1) throw;
+    // The other ranks may wait in a collective for this one: end them all, naming this rank.
+    std::fprintf(stderr, "error: rank %d of %d: %s\n", comm->rank(), comm->size(), e.what());
+    std::fflush(stderr);
+    comm->abort(1);
+    throw;
+  }
   if (summary.interrupted) throw CLI::RuntimeError(kInterruptedExit);
 }
 
@@ -135,8 +190,8 @@ void add_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--seq-len,-t", c.seq_len, "Tokens per sequence")->capture_default_str();
   cmd->add_option("--total-batch-size", c.total_batch_size,
-                  "Tokens per optimizer step; a multiple of batch x seq-len, reached by "
-                  "gradient accumulation (0: one micro-batch)")
+                  "Tokens per optimizer step, all ranks together; a multiple of batch x seq-len "
+                  "x ranks, reached by gradient accumulation (0: one micro-batch per rank)")
       ->capture_default_str();
   cmd->add_option("--steps", c.steps, "Optimizer steps")->capture_default_str();
   cmd->add_option("--lr", c.lr, "Peak learning rate")->capture_default_str();
@@ -158,8 +213,15 @@ void add_train_command(CLI::App& app) {
                   "master weights and accumulation)")
       ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();
-  cmd->add_option("--device", flags->device, "cpu, cuda, or auto (the GPU when usable)")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+  cmd->add_option("--device", flags->device,
+                  "cpu, cuda, cuda:K (GPU K; default: GPU 0, under mpirun the rank's local "
+                  "rank), or auto (the GPU when usable)")
+      ->check(
+          [](const std::string& v) {
+            const bool ok = v == "auto" || v == "cpu" || v == "cuda" || v.rfind("cuda:", 0) == 0;
+            return ok ? std::string() : "expected auto, cpu, cuda or cuda:K, got '" + v + "'";
+          },
+          "DEVICE")
       ->capture_default_str();
   cmd->add_flag("--tf32", c.tf32,
                 "Let fp32 matrix products on the GPU use TF32 tensor cores (default: true fp32)");
@@ -202,6 +264,27 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--sample-every", c.sample_every, "Print a generated sample every N steps")
       ->capture_default_str();
   cmd->add_option("--sample-tokens", c.sample_tokens, "Tokens per generated sample")
+      ->capture_default_str();
+  cmd->add_option("--dist", flags->dist,
+                  "Data parallelism: auto (under mpirun: NCCL on GPUs, MPI on the CPU; else "
+                  "off), off, mpi or nccl (also without mpirun: a world of one)")
+      ->check(CLI::IsMember({"auto", "off", "mpi", "nccl"}))
+      ->capture_default_str();
+  cmd->add_option("--zero", c.zero_stage,
+                  "1: shard the AdamW moments over the ranks (ZeRO-1); 0: every rank keeps all")
+      ->check(CLI::IsMember({0, 1}))
+      ->capture_default_str();
+  cmd->add_option("--bucket-mb", c.bucket_mb,
+                  "Gradient bucket size in MB of fp32 gradients (each bucket is reduced as "
+                  "soon as the backward completes it)")
+      ->capture_default_str();
+  cmd->add_option("--comm-dtype", flags->comm_dtype,
+                  "Gradients on the wire: auto (the run's --dtype), fp32 or bf16")
+      ->check(CLI::IsMember({"auto", "fp32", "bf16"}))
+      ->capture_default_str();
+  cmd->add_option("--dist-timeout", flags->dist_timeout,
+                  "Seconds a collective may wait for the other ranks before the job is ended "
+                  "as stuck")
       ->capture_default_str();
   flags->cmd = cmd;
   cmd->callback([flags]() { run(*flags); });

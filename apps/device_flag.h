@@ -10,7 +10,22 @@
 
 namespace ft::cli {
 
-inline Device resolve_device(const std::string& flag, std::ostream& out) {
+// "cuda:K" names GPU K: the device is cuda, and *gpu (when given) gets K; otherwise *gpu is
+// left as it is.
+inline Device resolve_device(const std::string& flag, std::ostream& out, int* gpu = nullptr) {
+  if (flag.rfind("cuda:", 0) == 0) {
+    const std::string index = flag.substr(5);
+    FT_CHECK(!index.empty() && index.size() < 6 &&
+                 index.find_first_not_of("0123456789") == std::string::npos,
+             "--device ", flag, ": expected cuda:K with K a GPU number");
+    const int k = std::stoi(index);
+    FT_CHECK(cuda_device_count() > 0, "--device ", flag, ": ", cuda_unavailable_reason());
+    FT_CHECK(k < cuda_device_count(), "--device ", flag, ": this machine has ", cuda_device_count(),
+             " GPU", cuda_device_count() == 1 ? "" : "s",
+             " (cuda:0 to cuda:", cuda_device_count() - 1, ")");
+    if (gpu != nullptr) *gpu = k;
+    return Device::cuda;
+  }
   if (flag == "cpu") return Device::cpu;
   if (flag == "cuda") {
     FT_CHECK(cuda_device_count() > 0, "--device cuda: ", cuda_unavailable_reason());

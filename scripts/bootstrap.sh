@@ -9,6 +9,9 @@ debian_packages=(
   libcli11-dev                        # command-line flags
   nlohmann-json3-dev                  # JSON logs and configs
   libgtest-dev                        # tests
+  # Data parallelism: mpirun launches the ranks (and the 2-rank CPU tests); mpi.h builds
+  # src/dist, which opens libmpi at run time only (one process needs no MPI).
+  openmpi-bin libopenmpi-dev
   clang-format                        # formatting check
   clang libclang-rt-dev libomp-dev    # fuzzing (scripts/fuzz.sh): libFuzzer and sanitizers
   python3 python3-pip python3-venv    # data preparation script, the Python package's tests

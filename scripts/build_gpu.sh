@@ -13,8 +13,8 @@ ninja -C build-gpu
 # BINARIES narrows what is packed (each binary holds the whole library: about 6 MB packed).
 rm -rf build-gpu/carry
 mkdir -p build-gpu/carry
-for b in ${BINARIES:-flashtrain test_core test_nn test_attention test_models test_train test_apps \
-  test_sweep bench_attention_gpu}; do
+for b in ${BINARIES:-flashtrain test_core test_nn test_attention test_models test_dist test_train \
+  test_apps test_sweep bench_attention_gpu}; do
   strip -o "build-gpu/carry/$b" "build-gpu/$b"
 done
 # The commit the binaries come from (scripts/run_matrix.py records it): "<hash>" or "<hash> dirty".

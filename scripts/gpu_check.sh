@@ -9,7 +9,7 @@ source scripts/gpu_env.sh || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv | tee "$out/gpu.txt"
 nvcc --version | tail -1 | tee -a "$out/gpu.txt"
 status=0
-for t in ${GPU_TESTS:-test_core test_nn test_attention test_models test_train test_apps test_sweep}; do
+for t in ${GPU_TESTS:-test_core test_nn test_attention test_models test_dist test_train test_apps test_sweep}; do
   start=$(date +%s)
   build-gpu/carry/$t --gtest_color=no ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} \
     >"$out/$t.log" 2>&1

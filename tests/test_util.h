@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -57,6 +58,20 @@ inline CommandResult run_cli(const std::string& args) {
 
 inline std::string source_path(const std::string& rel) {
   return std::string(FLASHTRAIN_SOURCE_DIR) + "/" + rel;
+}
+
+// OpenMPI's launcher is on PATH (scripts/bootstrap.sh installs it).
+inline bool have_mpirun() {
+  return std::system("mpirun --version >/dev/null 2>&1") == 0;
+}
+
+// "mpirun ... -np N" for tests on this machine: more ranks than cores allowed, each rank on
+// one OpenMP thread (the ranks share the cores), and root allowed (CI runs as root).
+inline std::string mpirun(int ranks) {
+  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+         "OMPI_MCA_rmaps_base_oversubscribe=1"
+         " mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 -np " +
+         std::to_string(ranks) + " ";
 }
 
 }  // namespace ft::test

@@ -90,6 +90,10 @@ int cuda_sm_count(int device) {
   return count;
 }
 
+void use_cuda_device(int device) {
+  cuda::init_device(device);
+}
+
 void set_tf32(bool allow) {
   cuda::allow_tf32(allow);
 }
@@ -122,6 +126,10 @@ int cuda_compute_capability(int) {
 
 int cuda_current_device() {
   return 0;
+}
+
+void use_cuda_device(int device) {
+  throw Error(str("GPU ", device, " asked for, but ", cuda_unavailable_reason()));
 }
 
 int64_t cuda_max_shared_memory_per_block(int) {

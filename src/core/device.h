@@ -19,6 +19,10 @@ std::string cuda_device_name(int device);
 int cuda_compute_capability(int device);
 // The device this thread's CUDA calls go to (0 without a GPU).
 int cuda_current_device();
+// Makes GPU `device` this process's one GPU (before any CUDA tensor exists: the first CUDA
+// tensor otherwise takes GPU 0). Throws naming the device and the count for a device that does
+// not exist, and without CUDA.
+void use_cuda_device(int device);
 // Shared memory one block may use with the opt-in attribute, in bytes (0 without a GPU).
 int64_t cuda_max_shared_memory_per_block(int device);
 // Streaming multiprocessors of the device (0 without a GPU).

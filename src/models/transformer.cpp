@@ -50,12 +50,13 @@ int64_t rows(const Tensor& t) {
 }  // namespace
 
 Transformer::Transformer(const ModelConfig& config, DType compute_dtype,
-                         AttentionSettings attention, Device device)
+                         AttentionSettings attention, Device device, int64_t parameter_alignment)
     : config_(config),
       compute_dtype_(compute_dtype),
       master_dtype_(compute_dtype == DType::f64 ? DType::f64 : DType::f32),
       attention_(attention),
       device_(device),
+      parameter_alignment_(parameter_alignment),
       w_(std::make_unique<Weights>()) {
   config_.validate();
   FT_CHECK(
@@ -64,10 +65,13 @@ Transformer::Transformer(const ModelConfig& config, DType compute_dtype,
   FT_CHECK(device == Device::cpu || cuda_training_supported(), "training on ", device_name(device),
            " needs a flashtrain built with CUDA; use --device cpu");
   if (device == Device::cuda) {
-    const int cc = cuda_compute_capability(0);
-    FT_CHECK(cc >= 80, "GPU 0 (", cuda_device_name(0), ") is sm_", cc,
+    const int gpu = cuda_current_device();
+    const int cc = cuda_compute_capability(gpu);
+    FT_CHECK(cc >= 80, "GPU ", gpu, " (", cuda_device_name(gpu), ") is sm_", cc,
              "; flashtrain's CUDA kernels and bf16 need sm_80 or newer");
   }
+  FT_CHECK(parameter_alignment >= 1, "parameter alignment must be >= 1 element, got ",
+           parameter_alignment);
   FT_CHECK(device == Device::cpu || compute_dtype != DType::f64,
            "fp64 models run on the CPU only (they exist for gradient checks)");
   FT_CHECK(attention.window >= 0, "window must be >= 0, got ", attention.window);
@@ -114,16 +118,33 @@ void Transformer::build_parameters() {
   if (!c.tied_embeddings()) specs.push_back({"head.weight", {Vp, C}, &w_->head});
 
   params_.resize(specs.size());  // sized once: the slots below point into it
+  const int64_t align = parameter_alignment_;
+  int64_t total = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    params_[i].offset = total;
+    total += (shape_numel(specs[i].shape) + align - 1) / align * align;
+  }
+  flat_master_ = Tensor::zeros({total}, master_dtype_, device_);
+  flat_grad_ = Tensor::zeros({total}, master_dtype_, device_);
+  flat_compute_ = compute_dtype_ == master_dtype_ ? flat_master_
+                                                  : Tensor::zeros({total}, compute_dtype_, device_);
   for (size_t i = 0; i < specs.size(); ++i) {
     Parameter& p = params_[i];
     p.name = specs[i].name;
     p.decay = specs[i].shape.size() >= 2;
-    p.master = Tensor::zeros(specs[i].shape, master_dtype_, device_);
-    p.grad = Tensor::zeros(specs[i].shape, master_dtype_, device_);
-    p.compute = compute_dtype_ == master_dtype_
-                    ? p.master
-                    : Tensor::zeros(specs[i].shape, compute_dtype_, device_);
+    const int64_t begin = p.offset, end = p.offset + shape_numel(specs[i].shape);
+    p.master = flat_master_.slice(begin, end).view(specs[i].shape);
+    p.grad = flat_grad_.slice(begin, end).view(specs[i].shape);
+    p.compute = flat_compute_.slice(begin, end).view(specs[i].shape);
     *specs[i].slot = &p;
+  }
+}
+
+void Transformer::report_ready(const GradientReady& ready,
+                               std::initializer_list<const Parameter*> params) {
+  if (!ready) return;
+  for (const Parameter* p : params) {
+    if (p != nullptr) ready(static_cast<size_t>(p - params_.data()));
   }
 }
 
@@ -173,7 +194,7 @@ Parameter& Transformer::layer_parameter(int64_t layer, const std::string& name) 
 }
 
 void Transformer::zero_grad() {
-  for (Parameter& p : params_) p.grad.zero();
+  flat_grad_.zero();  // every parameter's gradient at once (and the zeros between them)
 }
 
 Tensor Transformer::act(const Shape& shape) const {
@@ -482,7 +503,7 @@ void Transformer::layer_backward(int64_t l, Tensor& dresidual) {
   c = LayerCache();  // free this layer's activations as soon as they are used
 }
 
-void Transformer::backward(double loss_scale) {
+void Transformer::backward(double loss_scale, const GradientReady& ready) {
   FT_CHECK(have_targets_, "backward() needs a forward() with targets first");
   const int64_t C = config_.n_embd, N = B_ * T_, L = config_.n_layer;
   // The fused classifier writes dlogits over the logits buffer.
@@ -494,12 +515,20 @@ void Transformer::backward(double loss_scale) {
   Tensor dnorm_flat = dnorm.view({N, C});
   nn::linear_backward(dnorm_flat, head->grad, no_bias, logits_, final_norm_.out.view({N, C}),
                       head->compute);
+  report_ready(ready, {w_->head});  // a tied head (wte) is complete after the embedding
   // One residual gradient buffer for the whole stack: each layer adds its branches into it.
   Tensor dresidual = act({B_, T_, C});
   norm_backward(dresidual, dnorm, residual_.back(), norm_weights_reading(L), final_norm_, false);
-  for (int64_t l = L - 1; l >= 0; --l) layer_backward(l, dresidual);
+  report_ready(ready, {w_->normf_w, w_->normf_b});
+  for (int64_t l = L - 1; l >= 0; --l) {
+    layer_backward(l, dresidual);
+    const Weights::Layer& W = w_->layers[static_cast<size_t>(l)];
+    report_ready(ready, {W.norm1_w, W.norm1_b, W.qkv_w, W.qkv_b, W.proj_w, W.proj_b, W.norm2_w,
+                         W.norm2_b, W.fc_w, W.fc_b, W.gate_w, W.out_w, W.out_b});
+  }
   Tensor dwpe = w_->wpe ? w_->wpe->grad : Tensor();
   nn::embedding_backward(w_->wte->grad, dwpe, dresidual, tokens_);
+  report_ready(ready, {w_->wte, w_->wpe});
   have_targets_ = false;  // the logits buffer now holds gradients
 }
 

@@ -12,8 +12,15 @@
 // add is fused with the norm that reads its result (norm2, the next layer's norm1, the final
 // norm), and backward accumulates each norm's input gradient straight into one residual
 // gradient buffer; GPT-2's fc + GELU is one GEMM with a GELU epilogue on the GPU.
+//
+// The parameters' master weights, gradients and compute copies are views into one flat buffer
+// each (parameters in order, every offset a multiple of the parameter alignment), so that a run
+// of consecutive parameters is one contiguous range: data parallelism (src/dist) reduces,
+// shards and gathers such ranges without copies.
 #pragma once
 
+#include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +36,7 @@ namespace ft::models {
 struct Parameter {
   std::string name;
   bool decay = false;  // weight decay applies to matrices only
+  int64_t offset = 0;  // first element in the model's flat buffers (flat_masters() ...)
   Tensor master;       // fp32 (fp64 when computing in fp64): what the optimizer updates
   Tensor grad;         // dtype of master; accumulated over micro-batches
   Tensor compute;      // the copy layers read, in the compute dtype (aliases master if equal)
@@ -60,10 +68,20 @@ struct AttentionSettings {
   bool deterministic = false;  // the attention backward gives the same bits on every run
 };
 
+// Called by backward() once per parameter, as soon as its gradient is complete, with the
+// parameter's index in parameters(): the last layers' first (the order is the same every time).
+using GradientReady = std::function<void(size_t param_index)>;
+
+// Offsets in the flat parameter buffers are multiples of this many elements (256 bytes of
+// fp32), unless a Transformer is built with another alignment.
+inline constexpr int64_t kParameterAlignment = 64;
+
 class Transformer {
  public:
+  // parameter_alignment (elements, >= 1): every parameter's offset in the flat buffers, and
+  // their total size, is a multiple of it.
   Transformer(const ModelConfig& config, DType compute_dtype, AttentionSettings attention,
-              Device device = Device::cpu);
+              Device device = Device::cpu, int64_t parameter_alignment = kParameterAlignment);
   ~Transformer();
 
   const ModelConfig& config() const { return config_; }
@@ -100,7 +118,8 @@ class Transformer {
   int64_t attention_saved_bytes() const { return attention_saved_bytes_; }
 
   // Backpropagates the last forward(); d(loss) = loss_scale, parameter grads accumulate.
-  void backward(double loss_scale = 1.0);
+  // ready (optional) hears of each parameter whose gradient this backward has completed.
+  void backward(double loss_scale = 1.0, const GradientReady& ready = {});
   void zero_grad();
 
   std::vector<Parameter>& parameters() { return params_; }
@@ -108,6 +127,14 @@ class Transformer {
   Parameter& parameter(const std::string& name);
   // Named per-layer parameter, e.g. layer_parameter(3, "attn.qkv.weight").
   Parameter& layer_parameter(int64_t layer, const std::string& name);
+
+  // The flat buffers behind every parameter's master, grad and compute views, 1-D; equal sizes
+  // (a multiple of parameter_alignment()); flat_compute() is flat_masters() when the compute
+  // dtype is the master dtype. Elements between parameters are zero and belong to none.
+  const Tensor& flat_masters() const { return flat_master_; }
+  const Tensor& flat_grads() const { return flat_grad_; }
+  const Tensor& flat_compute() const { return flat_compute_; }
+  int64_t parameter_alignment() const { return parameter_alignment_; }
 
  private:
   struct LayerCache;
@@ -141,12 +168,15 @@ class Transformer {
   void norm_backward(Tensor& dx, const Tensor& dout, const Tensor& x, NormWeights n,
                      const NormOutput& saved, bool accumulate);
   Parameter* find(const std::string& name);
+  void report_ready(const GradientReady& ready, std::initializer_list<const Parameter*> params);
 
   ModelConfig config_;
   DType compute_dtype_, master_dtype_;
   AttentionSettings attention_;
   Device device_;
+  int64_t parameter_alignment_;
   std::vector<Parameter> params_;
+  Tensor flat_master_, flat_grad_, flat_compute_;
   std::unique_ptr<Weights> w_;
   nn::RopeTable rope_;
 

@@ -175,6 +175,13 @@ void DataLoader::next_batch(Tensor& inputs, Tensor& targets) {
   ++state_.position;
 }
 
+void DataLoader::skip(int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (state_.position >= batches_in_shard(state_.shard)) advance_shard();
+    ++state_.position;
+  }
+}
+
 int64_t DataLoader::num_tokens() const {
   int64_t n = 0;
   for (const auto& h : headers_) n += h.num_tokens;

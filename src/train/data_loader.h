@@ -46,6 +46,9 @@ class DataLoader {
 
   // Fills int32 [B, T] CPU tensors, allocating them if undefined.
   void next_batch(Tensor& inputs, Tensor& targets);
+  // Moves past n batches without reading them, exactly as n next_batch calls would (data
+  // parallelism: each rank skips the other ranks' batches).
+  void skip(int64_t n);
   void reset();
 
   int64_t num_tokens() const;

@@ -1,6 +1,7 @@
 #include "train/run_record.h"
 
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include "core/error.h"
@@ -11,9 +12,18 @@ namespace {
 
 using nlohmann::json;
 
-// Declared safe: the same computation by another implementation, on another device or with
-// another summation order (deterministic).
-const std::set<std::string> kSafe = {"attention", "device", "deterministic"};
+// Declared safe: the same computation by another implementation, on another device, with
+// another summation order (deterministic), or spread over another number of ranks (the same
+// micro-batches per step: sums in another order).
+const std::set<std::string> kSafe = {"attention", "device", "deterministic", "world_size", "zero"};
+// What a record without the key means (records of one process leave these out).
+const std::map<std::string, json> kImplied = {{"world_size", 1}, {"zero", 0}};
+
+json implied(const json& record, const std::string& key) {
+  if (record.contains(key)) return record.at(key);
+  const auto it = kImplied.find(key);
+  return it == kImplied.end() ? json() : it->second;
+}
 // The learning-rate schedule; --allow-schedule-change accepts changes to these.
 const std::set<std::string> kSchedule = {"steps", "lr", "lr_schedule", "warmup", "min_lr_frac"};
 
@@ -96,9 +106,10 @@ std::vector<std::string> check_resume(const json& saved, const json& now, int64_
                                       bool allow_schedule_change, const std::string& state_path) {
   std::vector<std::string> accepted, refused, schedule_changes;
   for (const auto& [key, value] : now.items()) {
-    const json old = saved.contains(key) ? saved.at(key) : json();
+    const json old = implied(saved, key);
     if (old == value) continue;
-    const std::string line = str(key, ": ", shown(old), " -> ", shown(value));
+    std::string line = str(key, ": ", shown(old), " -> ", shown(value));
+    if (key == "world_size") line += " (the same micro-batches per step, summed in another order)";
     if (kSafe.count(key)) {
       accepted.push_back(line);
     } else if (kSchedule.count(key)) {
@@ -108,7 +119,16 @@ std::vector<std::string> check_resume(const json& saved, const json& now, int64_
     }
   }
   for (const auto& [key, value] : saved.items()) {
-    if (!now.contains(key)) refused.push_back(str(key, ": ", shown(value), " -> (not recorded)"));
+    if (now.contains(key)) continue;
+    const json implied_now = implied(now, key);
+    if (implied_now == value) continue;
+    std::string line = str(key, ": ", shown(value), " -> ", shown(implied_now));
+    if (key == "world_size") line += " (the same micro-batches per step, summed in another order)";
+    if (kSafe.count(key)) {
+      accepted.push_back(line);
+    } else {
+      refused.push_back(line);
+    }
   }
   if (!schedule_changes.empty() && refused.empty()) {
     const bool only_steps =
@@ -133,13 +153,13 @@ std::vector<std::string> check_resume(const json& saved, const json& now, int64_
   }
   if (!refused.empty()) {
     for (const std::string& line : schedule_changes) refused.push_back(line);
-    throw Error(str(
-        state_path,
-        ": written for a different run; --resume refuses what would "
-        "change its losses (saved -> now): ",
-        join(refused, ", "),
-        ". Safe to change: --attention, --device, --deterministic, and --steps under a schedule "
-        "that keeps the learning rates of the steps already run"));
+    throw Error(str(state_path,
+                    ": written for a different run; --resume refuses what would "
+                    "change its losses (saved -> now): ",
+                    join(refused, ", "),
+                    ". Safe to change: --attention, --device, --deterministic, the number of "
+                    "ranks and --zero, and --steps under a schedule that keeps the learning "
+                    "rates of the steps already run"));
   }
   return accepted;
 }

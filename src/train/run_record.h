@@ -9,7 +9,10 @@
 //     (--lr, --lr-schedule, --warmup, --min-lr-frac, --steps);
 //   declared safe (accepted, and named in the log's resume line): --attention (naive and flash
 //     compute the same attention; their fp32 losses agree to 1e-5, not bit for bit) and
-//     --device (CPU and GPU agree within the same tolerances);
+//     --device (CPU and GPU agree within the same tolerances), the number of ranks and --zero
+//     (the batch layout counts micro-batches per step over all ranks, so another world size
+//     trains on the same micro-batches; only the order of the gradient sums differs, and a
+//     ZeRO-1 state is saved whole);
 //   --steps: a new total is accepted when the learning rates of the steps already run are the
 //     same under it (a constant schedule, or a cosine run resumed within its warm-up), so the
 //     resumed run continues exactly as a run of the new length; any other schedule change is

@@ -47,6 +47,15 @@ nlohmann::json to_json(const StepRecord& r) {
   if (r.elapsed_s) j["elapsed_s"] = *r.elapsed_s;
   if (r.eta_s) j["eta_s"] = *r.eta_s;
   if (r.tokens_seen > 0) j["tokens_seen"] = r.tokens_seen;
+  if (!r.ranks.empty()) {
+    j["world_size"] = r.ranks.size();
+    for (const RankRecord& k : r.ranks) {
+      j["ranks"].push_back({{"ms", k.ms},
+                            {"tok_per_s", k.tokens_per_second},
+                            {"peak_used_mb", k.peak_used_mb},
+                            {"peak_reserved_mb", k.peak_reserved_mb}});
+    }
+  }
   return j;
 }
 

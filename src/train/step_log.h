@@ -9,10 +9,16 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 namespace ft::train {
+
+// One rank's share of a data-parallel step (JSON only).
+struct RankRecord {
+  double ms = 0.0, tokens_per_second = 0.0, peak_used_mb = 0.0, peak_reserved_mb = 0.0;
+};
 
 struct StepRecord {
   int64_t step = 0, total_steps = 0;
@@ -26,6 +32,9 @@ struct StepRecord {
   // process started training, the estimate of the time left, tokens trained on so far.
   std::optional<double> elapsed_s, eta_s;
   int64_t tokens_seen = 0;
+  // Data parallelism: ms is the slowest rank's, tokens_per_second the whole job's, the peaks
+  // the sums over the ranks; each rank's own figures go to the JSON line as "ranks".
+  std::vector<RankRecord> ranks;
 };
 
 std::string format_step_line(const StepRecord& r);

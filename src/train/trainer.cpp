@@ -12,8 +12,10 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/output_path.h"
+#include "dist/communicator.h"
 #include "models/checkpoint.h"
 #include "train/data_loader.h"
+#include "train/data_parallel.h"
 #include "train/documents.h"
 #include "train/generate.h"
 #include "train/optimizer.h"
@@ -38,13 +40,20 @@ double to_mb(int64_t bytes) {
   return static_cast<double>(bytes) / (1024.0 * 1024.0);
 }
 
-int64_t accumulation_steps(const TrainConfig& c) {
+// Micro-batches per optimizer step, all ranks together: each rank takes accum / ranks of them.
+int64_t accumulation_steps(const TrainConfig& c, int ranks) {
   const int64_t per_micro = c.batch_size * c.seq_len;
-  const int64_t total = c.total_batch_size > 0 ? c.total_batch_size : per_micro;
+  const int64_t total = c.total_batch_size > 0 ? c.total_batch_size : per_micro * ranks;
   FT_CHECK(total % per_micro == 0, "total batch size ", total,
            " tokens is not a multiple of batch size x seq len = ", c.batch_size, " x ", c.seq_len,
            " = ", per_micro);
-  return total / per_micro;
+  const int64_t accum = total / per_micro;
+  FT_CHECK(accum % ranks == 0, "--total-batch-size ", total, " tokens is ", accum,
+           " micro-batches of ", c.batch_size, " x ", c.seq_len, ", which ", ranks,
+           " ranks cannot share equally (rank r takes micro-batch r of every group of ", ranks,
+           "): use a multiple of batch size x seq len x ranks = ", per_micro * ranks,
+           " tokens, or another number of ranks");
+  return accum;
 }
 
 bool finite_at_least(double v, double lo) {
@@ -53,7 +62,7 @@ bool finite_at_least(double v, double lo) {
 
 // Every setting in its range, before any work: a bad value is an error naming the flag, never a
 // failure many steps later.
-void check_config(const TrainConfig& c, const models::ModelConfig& m) {
+void check_config(const TrainConfig& c, const models::ModelConfig& m, int ranks) {
   FT_CHECK(c.batch_size >= 1, "--batch-size must be >= 1, got ", c.batch_size);
   FT_CHECK(c.seq_len >= 1, "--seq-len must be >= 1, got ", c.seq_len);
   FT_CHECK(c.seq_len <= m.max_seq_len, "seq len ", c.seq_len, " exceeds the context of ", m.name,
@@ -92,7 +101,9 @@ void check_config(const TrainConfig& c, const models::ModelConfig& m) {
   FT_CHECK(c.load_path.empty() || !c.overrides.any(), "--load ", c.load_path,
            " takes the model shape from the checkpoint; ", c.overrides.describe(),
            " would be ignored (drop the override, or train the new shape without --load)");
-  accumulation_steps(c);
+  FT_CHECK(c.zero_stage == 0 || c.zero_stage == 1, "--zero must be 0 (off) or 1, got ",
+           c.zero_stage);
+  accumulation_steps(c, ranks);
 }
 
 // The end-of-text id that --doc-mask splits documents at: the tokenizer file's (llm.c's shards
@@ -113,17 +124,79 @@ Tensor segments_for(const Tensor& tokens, std::optional<int32_t> eot) {
   return eot ? document_segment_ids(tokens, *eot) : Tensor();
 }
 
+// The mean loss of the first batches: rank r computes batch i when i % ranks == r, and the
+// losses are added in batch order on every rank, as one process adds them.
 double evaluate(models::Transformer& model, DataLoader& loader, int64_t max_batches,
-                std::optional<int32_t> eot) {
+                std::optional<int32_t> eot, dist::Communicator& comm) {
   loader.reset();
   const int64_t n = std::min(max_batches, loader.batches_per_epoch());
+  const int ranks = comm.size(), rank = comm.rank();
   Tensor x, y;
-  double sum = 0.0;
+  std::vector<double> mine(static_cast<size_t>(n), 0.0);
   for (int64_t i = 0; i < n; ++i) {
+    if (i % ranks != rank) {
+      loader.skip(1);
+      continue;
+    }
     loader.next_batch(x, y);
-    sum += model.forward(x, y, segments_for(x, eot));
+    mine[static_cast<size_t>(i)] = model.forward(x, y, segments_for(x, eot));
   }
+  const std::vector<double> all = comm.all_gather(mine);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += all[static_cast<size_t>(i % ranks * n + i)];
   return sum / static_cast<double>(n);
+}
+
+// What every rank reports after a step, gathered: its micro-batch losses and its figures.
+struct StepShares {
+  double loss = 0.0;   // the mean over all micro-batches, added in the order one process adds
+  double ms = 0.0;     // the slowest rank's
+  MemoryStats memory;  // the peaks summed over the ranks
+  std::vector<RankRecord> ranks;
+  bool stop = false;  // some rank was asked to stop
+};
+
+StepShares share_step(dist::Communicator& comm, const std::vector<double>& losses, double ms,
+                      const MemoryStats& mem, bool stop, int64_t rank_tokens) {
+  std::vector<double> mine = losses;
+  mine.insert(mine.end(), {ms, static_cast<double>(mem.peak_used_bytes),
+                           static_cast<double>(mem.peak_reserved_bytes), stop ? 1.0 : 0.0});
+  const std::vector<double> all = comm.all_gather(mine);
+  const size_t per_rank = mine.size(), accum = losses.size() * static_cast<size_t>(comm.size());
+  StepShares s;
+  for (size_t i = 0; i < accum; ++i) {
+    const size_t r = i % static_cast<size_t>(comm.size()),
+                 micro = i / static_cast<size_t>(comm.size());
+    s.loss += all[r * per_rank + micro];
+  }
+  s.loss /= static_cast<double>(accum);
+  for (int r = 0; r < comm.size(); ++r) {
+    const double* f = all.data() + static_cast<size_t>(r) * per_rank + losses.size();
+    const auto used = static_cast<int64_t>(f[1]), reserved = static_cast<int64_t>(f[2]);
+    s.ms = std::max(s.ms, f[0]);
+    s.memory.peak_used_bytes += used;
+    s.memory.peak_reserved_bytes += reserved;
+    s.stop = s.stop || f[3] != 0.0;
+    s.ranks.push_back(
+        {f[0], static_cast<double>(rank_tokens) / (f[0] / 1000.0), to_mb(used), to_mb(reserved)});
+  }
+  return s;
+}
+
+// Every rank must train the same run: rank 0's record is compared with each rank's.
+void check_same_run(dist::Communicator& comm, const nlohmann::json& record) {
+  if (comm.size() == 1) return;
+  const nlohmann::json root = nlohmann::json::parse(comm.broadcast(record.dump()));
+  if (root == record) return;
+  std::string diff;
+  for (const auto& [key, value] : record.items()) {
+    const nlohmann::json theirs = root.contains(key) ? root.at(key) : nlohmann::json();
+    if (theirs != value)
+      diff += str(diff.empty() ? "" : ", ", key, ": ", theirs.dump(), " -> ", value.dump());
+  }
+  throw Error(str("rank ", comm.rank(),
+                  " was started with another run than rank 0 (rank 0 -> rank ", comm.rank(),
+                  "): ", diff, "; every rank must get the same flags and data"));
 }
 
 // A sample from the end-of-text token (KV cache, temperature 1), as whole UTF-8 characters.
@@ -148,19 +221,33 @@ models::ModelConfig resolve_model_config(const TrainConfig& c) {
   return models::apply_overrides(models::preset(c.model), c.overrides);
 }
 
-TrainSummary train(const TrainConfig& c, std::ostream& out) {
-  // A save that an interrupt cut short is finished (or its temporary files removed) first.
+TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
+  std::unique_ptr<dist::Communicator> own_comm;
+  if (c.comm == nullptr) own_comm = dist::make_communicator({});
+  dist::Communicator& comm = c.comm ? *c.comm : *own_comm;
+  const bool distributed = comm.backend() != dist::Backend::local;
+  const bool root = comm.is_root();
+  const int ranks = comm.size(), rank = comm.rank();
+  std::ostream null_out(nullptr);  // what the other ranks would print goes nowhere
+  std::ostream& out = root ? all_out : null_out;
+
+  // A save that an interrupt cut short is finished (or its temporary files removed) first, by
+  // rank 0 alone, before any rank reads the files.
   std::vector<std::string> notes;
   for (const std::string* path : {&c.load_path, &c.resume_path, &c.save_path}) {
-    if (path->empty()) continue;
+    if (path->empty() || !root) continue;
     const std::string note = recover_saved_run(*path);
     if (!note.empty()) notes.push_back(note);
   }
+  comm.barrier();
   const models::ModelConfig mc = resolve_model_config(c);
-  check_config(c, mc);
+  check_config(c, mc, ranks);
+  FT_CHECK(c.zero_stage == 0 || distributed,
+           "--zero 1 shards the optimizer state over the ranks of a data-parallel job; this run "
+           "has none (start it with mpirun, or pass --dist mpi or nccl for a world of one)");
   // Outputs are checked before any work, so that no run is lost to a path found bad at its end.
-  if (!c.save_path.empty()) check_writable_file(c.save_path, "--save");
-  if (!c.log_path.empty()) check_writable_file(c.log_path, "--log");
+  if (!c.save_path.empty() && root) check_writable_file(c.save_path, "--save");
+  if (!c.log_path.empty() && root) check_writable_file(c.log_path, "--log");
   std::optional<Tokenizer> tokenizer;
   if (std::filesystem::exists(c.tokenizer)) tokenizer.emplace(c.tokenizer);
   FT_CHECK(tokenizer || c.sample_every == 0, "--sample-every ", c.sample_every,
@@ -173,7 +260,8 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
            "end-of-text id, which is outside the model's vocabulary [0, ",
            mc.vocab_size, ")");
   set_tf32(c.tf32);
-  const int64_t accum = accumulation_steps(c);
+  const int64_t accum = accumulation_steps(c, ranks);
+  const int64_t rank_accum = accum / ranks;
   const int64_t tokens_per_step = c.batch_size * c.seq_len * accum;
 
   DataLoader train_loader(c.train_data, c.batch_size, c.seq_len, c.shuffle, c.seed);
@@ -187,13 +275,23 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
   std::optional<int32_t> eot;
   if (c.doc_mask) eot = doc_mask_eot_token(c, mc);
 
-  models::Transformer model(mc, c.dtype, c.attention, c.device);
+  // Buckets of the layout split into equal, aligned chunks per rank (ZeRO-1).
+  models::Transformer model(mc, c.dtype, c.attention, c.device,
+                            models::kParameterAlignment * ranks);
   if (!c.load_path.empty()) {
     models::load_checkpoint(c.load_path, model);
   } else {
     model.init_weights(c.seed);
   }
-  const nlohmann::json record = make_run_record(c, mc, accum, train_loader, val_loader.get());
+  nlohmann::json record = make_run_record(c, mc, accum, train_loader, val_loader.get());
+  if (ranks > 1) record["world_size"] = ranks;
+  if (c.zero_stage > 0) record["zero"] = c.zero_stage;
+  check_same_run(comm, record);
+  DataParallelConfig dp_config;
+  dp_config.zero_stage = c.zero_stage;
+  dp_config.bucket_mb = c.bucket_mb;
+  dp_config.wire_dtype = c.wire_dtype.value_or(c.dtype);
+  DataParallel dp(comm, model, c.adamw, c.grad_clip, dp_config);
   int64_t first_step = 1;
   std::vector<std::string> resume_changes;
   if (!c.resume_path.empty()) {
@@ -203,7 +301,9 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
         check_resume(state.run, record, state.step, c.allow_schedule_change, state_path);
     FT_CHECK(state.step < c.steps, c.resume_path, " already completed ", state.step,
              " steps; --steps ", c.steps, " leaves nothing to do");
+    dp.before_load_state();
     load_train_state(state_path, model);
+    dp.after_load_state();
     train_loader.restore(state.loader);
     first_step = state.step + 1;
   }
@@ -227,6 +327,13 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
     out << "resumed:   from " << c.resume_path << " after step " << first_step - 1 << "\n";
     for (const std::string& change : resume_changes) out << "           " << change << "\n";
   }
+  if (distributed) {
+    out << "dist:      " << ranks << " rank" << (ranks == 1 ? "" : "s") << ", " << comm.describe()
+        << "; rank r takes micro-batch r of every group of " << ranks << " (" << rank_accum
+        << " per rank per step)\n"
+        << "           " << dp.describe_buckets() << "\n";
+    if (dp.sharded()) out << "ZeRO-1:    " << dp.describe_sharding() << "\n";
+  }
   for (const std::string& note : notes) out << "note:      " << note << "\n";
   out.flush();
 
@@ -234,23 +341,33 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
   std::error_code ec;
   const bool log_continues =
       resumed && !c.log_path.empty() && std::filesystem::file_size(c.log_path, ec) > 0 && !ec;
-  JsonLog log = c.log_path.empty() ? JsonLog() : JsonLog(c.log_path, resumed);
+  JsonLog log = c.log_path.empty() || !root ? JsonLog() : JsonLog(c.log_path, resumed);
   if (!log_continues) {
-    log.write({{"event", "run"},
-               {"model", mc.name},
-               {"family", models::family_name(mc.family)},
-               {"parameters", mc.num_parameters()},
-               {"dtype", dtype_name(c.dtype)},
-               {"device", device_name(c.device)},
-               {"attention", attention::impl_name(c.attention.impl)},
-               {"window", c.attention.window},
-               {"global_every", c.attention.global_every},
-               {"doc_mask", c.doc_mask},
-               {"batch_size", c.batch_size},
-               {"seq_len", c.seq_len},
-               {"tokens_per_step", tokens_per_step},
-               {"steps", c.steps},
-               {"seed", c.seed}});
+    nlohmann::json run_event = {{"event", "run"},
+                                {"model", mc.name},
+                                {"family", models::family_name(mc.family)},
+                                {"parameters", mc.num_parameters()},
+                                {"dtype", dtype_name(c.dtype)},
+                                {"device", device_name(c.device)},
+                                {"attention", attention::impl_name(c.attention.impl)},
+                                {"window", c.attention.window},
+                                {"global_every", c.attention.global_every},
+                                {"doc_mask", c.doc_mask},
+                                {"batch_size", c.batch_size},
+                                {"seq_len", c.seq_len},
+                                {"tokens_per_step", tokens_per_step},
+                                {"steps", c.steps},
+                                {"seed", c.seed}};
+    if (distributed) {
+      run_event["world_size"] = ranks;
+      run_event["dist"] = dist::backend_name(comm.backend());
+      run_event["zero"] = c.zero_stage;
+      run_event["buckets"] = dp.bucket_count();
+      run_event["wire_dtype"] = dtype_name(dp_config.wire_dtype);
+      run_event["moment_mb_per_rank"] = to_mb(dp.moment_bytes());
+      run_event["moment_mb_unsharded"] = to_mb(dp.unsharded_moment_bytes());
+    }
+    log.write(run_event);
   }
   if (resumed) {
     log.write({{"event", "resume"},
@@ -261,7 +378,6 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
   }
 
   const LrSchedule schedule{c.lr, c.warmup, c.steps, c.min_lr_fraction, c.lr_decay};
-  Optimizer optimizer(model, c.adamw, c.grad_clip);
 
   TrainSummary summary;
   double timed_ms = 0.0;
@@ -271,7 +387,7 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
   // The checkpoint and its resume state, as one unit (train/saved_run.h).
   auto save = [&](int64_t done) {
     if (c.save_path.empty() || saved_step == done) return;
-    save_run(c.save_path, model, c.dtype, {done, train_loader.state(), record});
+    dp.save([&] { save_run(c.save_path, model, c.dtype, {done, train_loader.state(), record}); });
     saved_step = done;
   };
   const auto loop_start = Clock::now();
@@ -289,21 +405,28 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
       reset_peak_memory(c.device);
       const auto t0 = Clock::now();
       model.zero_grad();
-      double loss = 0.0;
-      for (int64_t micro = 0; micro < accum; ++micro) {
+      std::vector<double> losses(static_cast<size_t>(rank_accum));
+      for (int64_t micro = 0; micro < rank_accum; ++micro) {
+        train_loader.skip(rank);  // the micro-batches of the ranks before this one
         train_loader.next_batch(x, y);
+        train_loader.skip(ranks - 1 - rank);
         // Segment ids go in on the CPU; the model copies them to its device once per forward.
-        loss += model.forward(x, y, segments_for(x, eot));
-        model.backward(1.0 / static_cast<double>(accum));
+        losses[static_cast<size_t>(micro)] = model.forward(x, y, segments_for(x, eot));
+        // The last backward queues each gradient bucket as soon as it is complete.
+        const bool last = micro + 1 == rank_accum;
+        model.backward(1.0 / static_cast<double>(accum),
+                       last ? dp.gradient_ready() : models::GradientReady());
       }
-      loss /= static_cast<double>(accum);
       const double lr = schedule.lr(step);
-      const double norm = optimizer.step(step, lr).grad_norm;
+      const double norm = dp.step(step, lr).grad_norm;
       synchronize(c.device);  // the step's time includes its device work
-      const double ms = elapsed_ms(t0);
+      const double rank_ms = elapsed_ms(t0);
+      const bool stop_here = c.stop_requested != nullptr && c.stop_requested->load();
+      const StepShares shares = share_step(comm, losses, rank_ms, memory_stats(c.device), stop_here,
+                                           tokens_per_step / ranks);
+      const double loss = shares.loss, ms = shares.ms;
       FT_CHECK(std::isfinite(loss), "training diverged: loss is ", loss, " at step ", step);
-
-      const MemoryStats mem = memory_stats(c.device);
+      const MemoryStats& mem = shares.memory;
       StepRecord r;
       r.step = step;
       r.total_steps = c.steps;
@@ -320,13 +443,14 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
       r.eta_s = elapsed_s / static_cast<double>(step - first_step + 1) *
                 static_cast<double>(c.steps - step);
       r.tokens_seen = step * tokens_per_step;
+      if (distributed) r.ranks = shares.ranks;
       if (step > first_step || c.steps == first_step) {
         timed_ms += ms;
         ++timed_steps;
       }
       const bool last = step == c.steps;
       if (val_loader && ((c.eval_every > 0 && step % c.eval_every == 0) || last)) {
-        r.val_loss = evaluate(model, *val_loader, c.val_steps, eot);
+        r.val_loss = evaluate(model, *val_loader, c.val_steps, eot, comm);
         summary.final_val_loss = *r.val_loss;
       }
       if (!c.quiet) {
@@ -339,12 +463,12 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
       summary.losses.push_back(loss);
       summary.steps_run = step;
       if (c.save_every > 0 && step % c.save_every == 0 && !last) save(step);
-      if (c.sample_every > 0 && step % c.sample_every == 0 && !last && can_sample) {
+      if (c.sample_every > 0 && step % c.sample_every == 0 && !last && can_sample && root) {
         const std::string sample = sample_text(model, *tokenizer, c.sample_tokens, c.seed, eot);
         if (!c.quiet) out << "sample: " << sample << "\n";
         log.write({{"event", "sample"}, {"step", step}, {"text", sample}});
       }
-      if (!last && c.stop_requested != nullptr && c.stop_requested->load()) {
+      if (!last && shares.stop) {  // every rank stops after the same step
         interrupted = true;
         break;
       }
@@ -366,7 +490,7 @@ TrainSummary train(const TrainConfig& c, std::ostream& out) {
   summary.mean_step_ms = timed_steps ? timed_ms / static_cast<double>(timed_steps) : 0.0;
   summary.tokens_per_second =
       summary.mean_step_ms > 0 ? tokens_per_step / (summary.mean_step_ms / 1000.0) : 0.0;
-  if (can_sample && c.sample_tokens > 0 && !interrupted) {
+  if (can_sample && c.sample_tokens > 0 && !interrupted && root) {
     summary.sample = sample_text(model, *tokenizer, c.sample_tokens, c.seed, eot);
   }
   out << "\n== summary ==\n"

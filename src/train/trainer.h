@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdint>
 #include <iosfwd>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,10 @@
 #include "models/transformer.h"
 #include "nn/adamw.h"
 #include "train/schedule.h"
+
+namespace ft::dist {
+class Communicator;
+}
 
 namespace ft::train {
 
@@ -26,7 +31,8 @@ struct TrainConfig {
   std::string tokenizer = "data/gpt2_tokenizer.bin";
 
   int64_t batch_size = 4, seq_len = 64;
-  int64_t total_batch_size = 0;  // tokens per optimizer step; 0 means batch_size * seq_len
+  // Tokens per optimizer step (all ranks together); 0 means batch_size * seq_len per rank.
+  int64_t total_batch_size = 0;
   int64_t steps = 100;
   double lr = 1e-3, min_lr_fraction = 0.0;
   int64_t warmup = 0;
@@ -61,6 +67,14 @@ struct TrainConfig {
   // save_path), writes its summary and an {"event": "interrupted"} log line, and returns with
   // TrainSummary::interrupted.
   const std::atomic<bool>* stop_requested = nullptr;
+
+  // Data parallelism (train/data_parallel.h): this process's rank of the job (not owned;
+  // nullptr: one process). Rank r takes micro-batch r of every group of world-size
+  // consecutive micro-batches; rank 0 alone prints, logs, samples and saves.
+  dist::Communicator* comm = nullptr;
+  int zero_stage = 0;               // 1: shard the AdamW moments over the ranks (ZeRO-1)
+  double bucket_mb = 25.0;          // gradient bucket size (fp32 MB)
+  std::optional<DType> wire_dtype;  // dtype of the gradients on the wire (default: dtype)
 };
 
 struct TrainSummary {

@@ -147,3 +147,50 @@ TEST(Transformer, RejectsBadInput) {
 
 }  // namespace
 }  // namespace ft::models
+
+namespace ft::models {
+namespace {
+
+// The parameters are views into the flat buffers at aligned offsets, in order; a backward
+// reports each gradient once, as soon as it is complete: the last layer's before the first's,
+// a tied embedding (GPT-2's wte, also the head) last.
+TEST(Transformer, FlatBuffersAndGradientsReportedOnceInBackwardOrder) {
+  for (const std::string name : {"gpt2-tiny", "llama3-tiny"}) {
+    const ModelConfig config = small(name);
+    Transformer model(config, DType::bf16, {}, Device::cpu, 96);
+    model.init_weights(3);
+    const std::vector<Parameter>& params = model.parameters();
+    EXPECT_EQ(model.flat_grads().numel() % 96, 0);
+    int64_t next = 0;
+    for (const Parameter& p : params) {
+      EXPECT_EQ(p.offset % 96, 0) << p.name;
+      EXPECT_GE(p.offset, next) << p.name;
+      next = p.offset + p.master.numel();
+      EXPECT_EQ(p.grad.raw(), model.flat_grads().slice(p.offset, next).raw()) << p.name;
+      EXPECT_EQ(p.master.raw(), model.flat_masters().slice(p.offset, next).raw()) << p.name;
+      EXPECT_EQ(p.compute.raw(), model.flat_compute().slice(p.offset, next).raw()) << p.name;
+    }
+    EXPECT_LE(next, model.flat_grads().numel());
+    Rng rng(5);
+    const Tensor x = random_tokens(2, 8, config.vocab_size, rng);
+    const Tensor y = random_tokens(2, 8, config.vocab_size, rng);
+    model.forward(x, y);
+    std::vector<size_t> order;
+    model.backward(1.0, [&](size_t i) { order.push_back(i); });
+    ASSERT_EQ(order.size(), params.size()) << name;
+    std::vector<int> seen(params.size(), 0);
+    for (size_t i : order) ++seen[i];
+    for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(seen[i], 1) << params[i].name;
+    auto position = [&](const std::string& param) {
+      for (size_t k = 0; k < order.size(); ++k)
+        if (params[order[k]].name == param) return k;
+      return order.size();
+    };
+    EXPECT_LT(position("h.1.attn.qkv.weight"), position("h.0.attn.qkv.weight")) << name;
+    EXPECT_EQ(position("wte"), config.tied_embeddings() ? order.size() - 2 : order.size() - 1)
+        << name;  // GPT-2: wte, then wpe
+  }
+}
+
+}  // namespace
+}  // namespace ft::models

@@ -213,6 +213,28 @@ TEST_F(DataLoaderTest, ResumeIsBitIdentical) {
   }
 }
 
+// skip(n) is n next_batch calls without the reading: across shards, epochs and shuffles.
+TEST_F(DataLoaderTest, SkipMovesAsNextBatchDoes) {
+  write_token_shard(path("k_0.bin"), iota_tokens(8 * 7 + 3, 0), false);
+  write_token_shard(path("k_1.bin"), iota_tokens(8 * 5 + 1, 1000), true);
+  for (bool shuffle : {false, true}) {
+    DataLoader read(path("k_*.bin"), 2, 4, shuffle, 42),
+        skipped(path("k_*.bin"), 2, 4, shuffle, 42);
+    Tensor x1, y1, x2, y2;
+    for (int round = 0; round < 10; ++round) {
+      const int n = round % 4;  // 0 to 3 batches passed over
+      for (int i = 0; i < n; ++i) read.next_batch(x1, y1);
+      skipped.skip(n);
+      read.next_batch(x1, y1);
+      skipped.next_batch(x2, y2);
+      ASSERT_EQ(to_vector(x1), to_vector(x2)) << "shuffle " << shuffle << " round " << round;
+      EXPECT_EQ(read.state().shard, skipped.state().shard);
+      EXPECT_EQ(read.state().position, skipped.state().position);
+      EXPECT_EQ(read.state().epoch, skipped.state().epoch);
+    }
+  }
+}
+
 TEST_F(DataLoaderTest, RestoreRejectsOutOfRangeState) {
   write_token_shard(path("s.bin"), iota_tokens(17, 0), false);
   DataLoader loader(path("s.bin"), 2, 4);
