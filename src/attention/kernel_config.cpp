@@ -670,16 +670,29 @@ constexpr DefaultRow kDefaults[] = {
     {"sm120", 256, MaskClass::local, "fwd=64x64/128 bwd=64x64/128/single"},
 };
 
+// kDefaults' configurations, parsed once: the rows are text so that they read as `--config`
+// does, and a call must not pay for the parse (regular expressions) every time.
+const std::vector<KernelConfig>& parsed_defaults() {
+  static const std::vector<KernelConfig> parsed = [] {
+    std::vector<KernelConfig> rows;
+    for (const DefaultRow& row : kDefaults) rows.push_back(KernelConfig::parse(row.config));
+    return rows;
+  }();
+  return parsed;
+}
+
 }  // namespace
 
 KernelConfig default_config(const DeviceLimits& device, int64_t head_dim, MaskClass mask_class) {
   const std::string family = arch_family(device.compute_capability);
-  for (const DefaultRow& row : kDefaults) {
+  const std::vector<KernelConfig>& parsed = parsed_defaults();
+  for (size_t i = 0; i < std::size(kDefaults); ++i) {
+    const DefaultRow& row = kDefaults[i];
     if (family == row.family && head_dim <= row.max_head_dim && mask_class == row.mask_class) {
-      return KernelConfig::parse(row.config);
+      return parsed[i];
     }
   }
-  return KernelConfig::parse(kDefaults[0].config);
+  return parsed[0];
 }
 
 KernelConfig default_config(const DeviceLimits& device, const Problem& problem) {
