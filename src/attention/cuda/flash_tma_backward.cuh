@@ -23,6 +23,9 @@
 // every key block in a query tile's range takes its turn.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
+
 #include "attention/cuda/flash_bf16.cuh"
 #include "attention/cuda/hopper.cuh"
 #include "attention/tma_plans.h"
@@ -38,6 +41,9 @@ CUtensorMap head_tensor_map(const void* base, int batch, int seq_len, int heads,
 // A 4-d tensor map over a [B, S, H, D] fp32 tensor (the dQ buffer) whose boxes are 32 columns x
 // 64 rows of one head, swizzled by 128 bytes (tensor_map.cu).
 CUtensorMap dq_tensor_map(float* base, int batch, int seq_len, int heads, int head_dim);
+// Multiprocessors and L2 bytes of the current device (tensor_map.cu).
+int sm_count();
+int64_t l2_bytes();
 
 namespace tma_bwd_detail {
 
@@ -47,6 +53,7 @@ using namespace hopper;
 struct TmaBackwardArgs {
   CUtensorMap q, k, v, dout, dq;
   FlashParams p;
+  int pairs_per_group;  // KeyBlockTile's group size
 };
 
 // What a ring slot carries besides its tiles: the step's query head (< 0: no more steps), its
@@ -129,12 +136,38 @@ struct BackwardSmem {
 // Named barrier: the consumers' dS^T is complete (both groups).
 constexpr int kDsBarrier = 1;
 
+// ---- scheduler ----
+
+// The key block, kv head and batch row this thread block computes. The (batch, kv head) pairs
+// go in groups of `pairs_per_group`; within a group key blocks are outermost (every pair's first
+// key block, then every pair's second, ...). Under a causal mask the first key blocks have the
+// most query tiles, so within a group the longest blocks start first and the group's tail is
+// made of its shortest. The group size trades the L2 against spreading: a group's blocks stream
+// the same Q and dO (pairs_of_group(): as many pairs as fit half the L2), and in deterministic
+// mode one group holds every pair, so that a key block's predecessors at a query tile (same
+// pair, earlier key blocks, smaller indices: launched before it) run waves earlier instead of
+// beside it, one step ahead.
+struct KeyBlockTile {
+  int kv_block, hk, b;
+  __device__ KeyBlockTile(const FlashParams& p, int key_blocks, int pairs_per_group) {
+    const int pairs = p.kv_heads * p.batch;
+    const int group = static_cast<int>(blockIdx.x) / (pairs_per_group * key_blocks);
+    const int first_pair = group * pairs_per_group;
+    const int group_pairs = min(pairs_per_group, pairs - first_pair);
+    const int r = static_cast<int>(blockIdx.x) - first_pair * key_blocks;
+    kv_block = r / group_pairs;
+    const int pair = first_pair + (r - kv_block * group_pairs);
+    hk = pair % p.kv_heads;
+    b = pair / p.kv_heads;
+  }
+};
+
 // The key block's steps: query tiles [qb_begin, qb_begin + q_blocks) of each query head of the
 // group, heads outer.
 struct KeyBlockSteps {
   int k0, k1, qb_begin, q_blocks, steps;
-  __device__ KeyBlockSteps(const FlashParams& p, int BM, int BN) {
-    k0 = blockIdx.x * BN;
+  __device__ KeyBlockSteps(const FlashParams& p, const KeyBlockTile& tile, int BM, int BN) {
+    k0 = tile.kv_block * BN;
     k1 = min(k0 + BN, p.seq_len);
     const int2 queries = query_range(p, k0, k1);
     qb_begin = queries.x / BM;
@@ -150,8 +183,9 @@ __device__ __forceinline__ void produce(const TmaBackwardArgs& a, const Backward
   constexpr TmaBackwardPlan P = kTmaBackwardPlans[PLAN];
   constexpr int D = P.head_dim, BM = P.block_m, BN = P.block_n, kPanels = D / kPanel;
   const FlashParams& p = a.p;
-  const int lane = threadIdx.x % 32, hk = blockIdx.y, b = blockIdx.z, S = p.seq_len;
-  const KeyBlockSteps steps(p, BM, BN);
+  const KeyBlockTile tile(p, (p.seq_len + BN - 1) / BN, a.pairs_per_group);
+  const int lane = threadIdx.x % 32, hk = tile.hk, b = tile.b, S = p.seq_len;
+  const KeyBlockSteps steps(p, tile, BM, BN);
   if (lane == 0) {
     tma_prefetch_map(&a.q);
     tma_prefetch_map(&a.dout);
@@ -263,16 +297,16 @@ __device__ __forceinline__ void pass_turn(int* counter) {
 // turns key block by key block; otherwise one counter, turns key block by key block, then group
 // by group.
 template <int PLAN>
-__device__ __forceinline__ int* turn_counter(const FlashParams& p, int h, int q0, int g,
-                                             int& turn) {
+__device__ __forceinline__ int* turn_counter(const FlashParams& p, const KeyBlockTile& tile, int h,
+                                             int q0, int g, int& turn) {
   constexpr TmaBackwardPlan P = kTmaBackwardPlans[PLAN];
   const int q_tiles = (p.seq_len + P.block_m - 1) / P.block_m;
   const int first_block = key_range(p, q0, min(q0 + P.block_m, p.seq_len)).x / P.block_n;
-  const int blocks_before = blockIdx.x - first_block;
+  const int blocks_before = tile.kv_block - first_block;
   const bool split = P.dq_splits_columns();
   turn = split ? blocks_before : blocks_before * P.consumer_groups() + g;
-  const int64_t tile = (int64_t{blockIdx.z} * p.q_heads + h) * q_tiles + q0 / P.block_m;
-  return p.dq_semaphore + 2 * tile + (split ? g : 0);
+  const int64_t q_tile = (int64_t{tile.b} * p.q_heads + h) * q_tiles + q0 / P.block_m;
+  return p.dq_semaphore + 2 * q_tile + (split ? g : 0);
 }
 
 // One thread of the producer warpgroup: per step, each consumer's staged dQ part into the dQ
@@ -285,6 +319,7 @@ __device__ __forceinline__ void write_dq(const TmaBackwardArgs& a, const Backwar
   const FlashParams& p = a.p;
   const bool deterministic = p.dq_semaphore != nullptr;
   const int column0 = P.dq_splits_columns() ? kPanel : 0;  // group g's first column: g * column0
+  const KeyBlockTile tile(p, (p.seq_len + P.block_n - 1) / P.block_n, a.pairs_per_group);
   tma_prefetch_map(&a.dq);
   RingPosition<2> ring;
   for (;;) {
@@ -296,13 +331,14 @@ __device__ __forceinline__ void write_dq(const TmaBackwardArgs& a, const Backwar
         return;
       }
       int turn = 0;
-      int* counter = deterministic ? turn_counter<PLAN>(p, info.head, info.q0, g, turn) : nullptr;
+      int* counter =
+          deterministic ? turn_counter<PLAN>(p, tile, info.head, info.q0, g, turn) : nullptr;
       if (deterministic) wait_turn(counter, turn);
       const float* staged = s.dq(ring.slot, g);
 #pragma unroll
       for (int box = 0; box < 2; ++box) {
         tma_reduce_add(&a.dq, staged + box * 64 * 32, g * column0 + box * 32, info.head, info.q0,
-                       blockIdx.z);
+                       tile.b);
       }
       tma_store_commit();
       if (deterministic) pass_turn(counter);
@@ -327,8 +363,9 @@ __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const Backward
   constexpr uint32_t kDsBytes = BN * BM * 2;
   const FlashParams& p = a.p;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
-  const int hk = blockIdx.y, b = blockIdx.z, S = p.seq_len;
-  const KeyBlockSteps steps(p, BM, BN);
+  const KeyBlockTile tile(p, (p.seq_len + BN - 1) / BN, a.pairs_per_group);
+  const int hk = tile.hk, b = tile.b, S = p.seq_len;
+  const KeyBlockSteps steps(p, tile, BM, BN);
   const int k0 = steps.k0;
 
   // This group's keys start at key_base; this thread's accumulator rows are key_row and
@@ -584,6 +621,16 @@ __global__ void __launch_bounds__(kTmaBackwardPlans[PLAN].threads(), 1)
 
 // ---- host ----
 
+// KeyBlockTile's group size: every pair in deterministic mode; otherwise as many pairs as the
+// Q and dO they stream (each query head of a pair, the whole sequence) fit in half the L2, at
+// least one.
+inline int pairs_of_group(const FlashParams& p) {
+  const int pairs = p.kv_heads * p.batch;
+  if (p.dq_semaphore != nullptr) return pairs;
+  const int64_t pair_bytes = int64_t{2} * p.group() * p.seq_len * p.head_dim * 2;
+  return static_cast<int>(std::clamp<int64_t>(l2_bytes() / 2 / pair_bytes, 1, pairs));
+}
+
 template <int PLAN>
 void launch_tma_backward(const FlashParams& p, cudaStream_t stream) {
   constexpr TmaBackwardPlan P = kTmaBackwardPlans[PLAN];
@@ -594,14 +641,14 @@ void launch_tma_backward(const FlashParams& p, cudaStream_t stream) {
   a.v = head_tensor_map(p.v, p.batch, p.seq_len, p.kv_heads, P.head_dim, P.block_n);
   a.dq = dq_tensor_map(p.dq_accum, p.batch, p.seq_len, p.q_heads, P.head_dim);
   a.p = p;
+  a.pairs_per_group = pairs_of_group(p);
   auto kernel =
       p.segment_ids != nullptr ? tma_backward_kernel<PLAN, true> : tma_backward_kernel<PLAN, false>;
   FT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(P.smem_bytes())));
-  // Key blocks innermost: causal gives the first key blocks the most query tiles, so the
-  // longest blocks start first (and, in deterministic mode, each key block's predecessors at a
-  // query tile were launched before it).
-  const dim3 grid((p.seq_len + P.block_n - 1) / P.block_n, p.kv_heads, p.batch);
+  // One block per (key block, kv head, batch row), in KeyBlockTile's order.
+  const int key_blocks = (p.seq_len + P.block_n - 1) / P.block_n;
+  const dim3 grid(key_blocks * p.kv_heads * p.batch);
   kernel<<<grid, P.threads(), P.smem_bytes(), stream>>>(a);
   FT_CUDA_CHECK(cudaGetLastError());
 }

@@ -71,17 +71,31 @@ CUtensorMap dq_tensor_map(float* base, int batch, int seq_len, int heads, int he
                         32, 64);
 }
 
-int sm_count() {
+namespace {
+
+// An attribute of the current device, read once per device.
+int device_attribute(cudaDeviceAttr attribute) {
   static std::mutex mutex;
-  static std::map<int, int> counts;
+  static std::map<std::pair<int, int>, int> values;
   int device = 0;
   FT_CUDA_CHECK(cudaGetDevice(&device));
   std::lock_guard<std::mutex> lock(mutex);
-  auto it = counts.find(device);
-  if (it != counts.end()) return it->second;
+  const std::pair<int, int> key{device, static_cast<int>(attribute)};
+  auto it = values.find(key);
+  if (it != values.end()) return it->second;
   int n = 0;
-  FT_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-  return counts.emplace(device, n).first->second;
+  FT_CUDA_CHECK(cudaDeviceGetAttribute(&n, attribute, device));
+  return values.emplace(key, n).first->second;
+}
+
+}  // namespace
+
+int sm_count() {
+  return device_attribute(cudaDevAttrMultiProcessorCount);
+}
+
+int64_t l2_bytes() {
+  return device_attribute(cudaDevAttrL2CacheSize);
 }
 
 }  // namespace ft::attention::cuda
