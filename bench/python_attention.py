@@ -243,27 +243,35 @@ def binding_parts(case, s, args, device, queue):
     cuda = device.type == "cuda"
     stream = torch.cuda.current_stream(device).cuda_stream if cuda else 0
 
-    def export(x):  # what attention.forward hands the module for x
-        return x.__dlpack__(stream=stream or 1) if cuda else x
+    raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    index = device.index if device.index is not None else 0
+    to_dlpack = torch.utils.dlpack.to_dlpack
+    from_capsule = getattr(torch._C, "_from_dlpack", torch.utils.dlpack.from_dlpack)
 
-    def module_forward(_):
-        return ext.forward(export(q), export(k), export(v), None, True, 0, 0.0, "flash", None,
-                           stream)
-    out = module_forward(0)[0]
+    def module_forward(_):  # what attention.forward does for tensors on the current stream
+        o, lse = ext.forward(to_dlpack(q), to_dlpack(k), to_dlpack(v), None, True, 0, 0.0,
+                             "flash", None, stream, None, 0)
+        return from_capsule(o.__dlpack__()), from_capsule(lse.__dlpack__())
+
+    out_dlpack = ext.forward(q, k, v, None, True, 0, 0.0, "flash", None, stream, None, 0)[0]
     parts = [
         ("torch.cuda.current_stream(device).cuda_stream",
          lambda _: torch.cuda.current_stream(device).cuda_stream),
+        ("torch._C._cuda_getCurrentRawStream(index)", lambda _: raw_stream(index)),
         ("tensor.detach()", lambda _: q.detach()),
-        ("tensor.__dlpack__(stream=...) (CPU: none)", lambda _: export(q)),
-        ("torch.utils.dlpack.to_dlpack(tensor)", lambda _: torch.utils.dlpack.to_dlpack(q)),
-        ("torch.from_dlpack(module output)", lambda _: torch.from_dlpack(out)),
-        ("module forward, with its 3 exports", module_forward),
+        ("tensor.__dlpack__(stream=...) (CPU: none)",
+         lambda _: q.__dlpack__(stream=stream or 1) if cuda else q),
+        ("torch.utils.dlpack.to_dlpack(tensor)", lambda _: to_dlpack(q)),
+        ("torch.from_dlpack(a DLPack object)", lambda _: torch.from_dlpack(out_dlpack)),
+        ("torch._C._from_dlpack(object.__dlpack__())",
+         lambda _: from_capsule(out_dlpack.__dlpack__())),
+        ("module forward: 3 capsules in, 2 tensors out", module_forward),
         ("flashtrain.attention.forward", lambda _: attention.forward(q, k, v, causal=True)),
         ("flash_attn_func, no autograd", lambda _: flash_attn_func(q, k, v, causal=True)),
     ]
     rows = []
     for name, fn in parts:
-        if name.startswith("torch.cuda.") and not cuda:
+        if (name.startswith("torch.cuda.") or name.startswith("torch._C._cuda")) and not cuda:
             continue
         row = dict(side="profile", impl="part", case=case, dir="fwd", part=name)
         try:
@@ -414,7 +422,7 @@ def binding_lines(rows_by_case):
     """Python host time minus the C++ bench's, per case and direction, for our two entry
     points; the verdict from the tiny case (or the smallest case run)."""
     lines = ["", "## Binding overhead: host us per call, Python minus the C++ bench", "",
-             "| case | dir | C++ host us | ft-dlpack | ft-func | C++ GPU ms |",
+             f"| case | dir | C++ host us | {' | '.join(FT_IMPLS)} | C++ GPU ms |",
              "|---|---|---:|---:|---:|---:|"]
     verdict = []
     for case, rows in rows_by_case.items():
@@ -433,8 +441,8 @@ def binding_lines(rows_by_case):
                 cells.append("" if r is None else f"{r['host_us'] - cxx['host_us']:+.1f}")
                 if r is not None and case == "tiny":
                     verdict.append((impl, direction, r["host_us"] - cxx["host_us"]))
-            lines.append(f"| {case} | {direction} | {cxx['host_us']:.1f} | {cells[0]} | "
-                         f"{cells[1]} | {cxx['median_ms']:.4f} |")
+            lines.append(f"| {case} | {direction} | {cxx['host_us']:.1f} | {' | '.join(cells)} | "
+                         f"{cxx['median_ms']:.4f} |")
     if len(lines) == 5:
         return lines + ["", "(no C++ rows: nothing to compare)"]
     lines.append("")

@@ -17,12 +17,17 @@ back in the same form.
 
 On the GPU the work runs on the caller's current stream: PyTorch's
 ``torch.cuda.current_stream()``, CuPy's ``cupy.cuda.get_current_stream()``; for other
-frameworks (JAX) the legacy default stream, or the ``stream=`` handle given. The inputs are
-taken through ``__dlpack__(stream=...)``, so the producer orders its pending work before ours;
-the outputs are ready on that stream.
+frameworks (JAX) the legacy default stream, or the ``stream=`` handle given. PyTorch tensors on
+its current stream are handed over as DLPack capsules (``torch.utils.dlpack.to_dlpack``: the
+producer's stream is ours, so there is nothing to order) and the outputs come back through
+capsules too; every other input is taken through ``__dlpack__(stream=...)``, so the
+producer orders its pending work before ours. The outputs are ready on that stream, and their
+memory goes back to flashtrain's pool on it when they are dropped: a CuPy stream object is kept
+alive until then; a ``stream=`` handle must outlive the outputs.
 """
 
 import operator
+import sys
 
 from . import _flashtrain as _ext
 
@@ -31,6 +36,8 @@ built_with_cuda = _ext.built_with_cuda
 
 _IMPLS = ("flash", "naive", "reference")
 _DLPACK_CPU, _DLPACK_CUDA = 1, 2
+# How the module hands outputs back (python/src/module.cpp, Export).
+_EXPORT_DLPACK, _EXPORT_NUMPY = 0, 1
 
 __all__ = ["forward", "backward", "KernelConfig", "built_with_cuda"]
 
@@ -53,25 +60,31 @@ def forward(q, k, v, *, causal=False, window=0, segment_ids=None, scale=None, im
     call = _Call(q, causal, window, scale, impl, config, stream)
     o, lse = _ext.forward(call.take("q", q), call.take("k", k), call.take("v", v),
                           call.take_segments(segment_ids), call.causal, call.window, call.scale,
-                          call.impl, call.config, call.stream)
+                          call.impl, call.config, call.stream, call.stream_owner, call.export)
     call.done()
     return call.give(o), call.give(lse, like_q=False)
 
 
 def backward(q, k, v, o, lse, do, *, causal=False, window=0, segment_ids=None, scale=None,
-             impl="flash", config=None, stream=None):
+             impl="flash", config=None, stream=None, deterministic=False):
     """Attention backward: returns ``(dq, dk, dv)`` (like q, k, v; dk and dv sum over the query
     heads that share a kv head).
 
     o and lse are forward's outputs for the same inputs and keywords; do is the gradient of o.
     ``impl="naive"`` recomputes its forward (its saved probabilities are not handed out);
-    ``impl="reference"`` recomputes everything in fp64. Raises as ``forward`` does.
+    ``impl="reference"`` recomputes everything in fp64. deterministic: the same inputs give
+    bit-identical gradients on every call (on the GPU in bf16 the tma backward orders its dQ
+    sums, at a cost; a configuration that cannot is a ValueError with the reason; the CPU and
+    fp32 paths always are). Raises as ``forward`` does.
     """
     call = _Call(q, causal, window, scale, impl, config, stream)
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"attention: deterministic must be a bool, got {deterministic!r}")
     dq, dk, dv = _ext.backward(call.take("q", q), call.take("k", k), call.take("v", v),
                                call.take("o", o), call.take("lse", lse), call.take("do", do),
                                call.take_segments(segment_ids), call.causal, call.window,
-                               call.scale, call.impl, call.config, call.stream)
+                               call.scale, deterministic, call.impl, call.config, call.stream,
+                               call.stream_owner, call.export)
     call.done()
     return call.give(dq), call.give(dk), call.give(dv)
 
@@ -94,22 +107,72 @@ def _dlpack_device(name, x):
     return int(device_type), int(device_id)
 
 
+_parsed_configs = {}  # config text -> KernelConfig, so that a call does not parse it again
+
+
+def _config(config):
+    if config is None or isinstance(config, KernelConfig):
+        return config
+    if isinstance(config, str):
+        parsed = _parsed_configs.get(config)
+        if parsed is None:
+            parsed = _parsed_configs.setdefault(config, KernelConfig.parse(config))
+        return parsed
+    raise TypeError("attention: config must be a KernelConfig, its text or None, "
+                    f"got {type(config).__name__}")
+
+
+class _Torch:
+    """PyTorch's fast handles, looked up once: capsule export and import, the raw current
+    stream."""
+
+    def __init__(self, torch):
+        self.tensor = torch.Tensor
+        self.to_dlpack = torch.utils.dlpack.to_dlpack
+        self.from_capsule = getattr(torch._C, "_from_dlpack", torch.utils.dlpack.from_dlpack)
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw is None:  # a PyTorch without the raw query: the public, slower one
+            def raw(index):
+                return torch.cuda.current_stream(index).cuda_stream
+        self.current_stream = raw
+
+
+_torch = None
+
+
+def _torch_handles():
+    global _torch
+    if _torch is None:
+        _torch = _Torch(sys.modules["torch"])
+    return _torch
+
+
 class _Call:
     """One call's settings, how its inputs are handed to the module and its outputs back."""
 
     def __init__(self, q, causal, window, scale, impl, config, stream):
         self.framework = _framework(q)
-        device_type, self.device_id = _dlpack_device("q", q)
-        self.cuda = device_type == _DLPACK_CUDA
-        if not isinstance(causal, bool):
+        self.fast_torch = None  # _Torch when q is a PyTorch tensor on its current stream
+        if self.framework == "torch" and isinstance(q, sys.modules["torch"].Tensor):
+            self.cuda = q.is_cuda
+            self.device_id = q.get_device() if self.cuda else 0
+            if stream is None:
+                self.fast_torch = _torch_handles()
+        else:
+            device_type, self.device_id = _dlpack_device("q", q)
+            self.cuda = device_type == _DLPACK_CUDA
+        if type(causal) is not bool:
             raise TypeError(f"attention: causal must be a bool, got {causal!r}")
         self.causal = causal
-        try:
-            self.window = operator.index(window)
-        except TypeError:
-            raise TypeError(f"attention: window must be an int, got {window!r}") from None
-        if isinstance(window, bool):
-            raise TypeError(f"attention: window must be an int, got {window!r}")
+        if type(window) is int:
+            self.window = window
+        else:
+            try:
+                self.window = operator.index(window)
+            except TypeError:
+                raise TypeError(f"attention: window must be an int, got {window!r}") from None
+            if isinstance(window, bool):
+                raise TypeError(f"attention: window must be an int, got {window!r}")
         if scale is None:
             self.scale = 0.0  # the library's "1 / sqrt(D)"
         else:
@@ -119,31 +182,36 @@ class _Call:
         if impl not in _IMPLS:
             raise ValueError(f"attention: impl must be one of {', '.join(_IMPLS)}, got {impl!r}")
         self.impl = impl
-        if config is None or isinstance(config, KernelConfig):
-            self.config = config
-        elif isinstance(config, str):
-            self.config = KernelConfig.parse(config)
-        else:
-            raise TypeError("attention: config must be a KernelConfig, its text or None, "
-                            f"got {type(config).__name__}")
+        self.config = _config(config)
         self.explicit_stream = stream is not None
+        self.stream_owner = None
         self.stream = self._stream(q, stream) if self.cuda else 0
+        self.export = _EXPORT_NUMPY if self.framework == "numpy" else _EXPORT_DLPACK
         self.bf16_type = None  # ml_dtypes.bfloat16 when q is such a NumPy array
 
     def _stream(self, q, stream):
         if stream is not None:
             return int(stream)
+        if self.fast_torch is not None:
+            return self.fast_torch.current_stream(self.device_id)
         if self.framework == "torch":
             import torch
             return torch.cuda.current_stream(q.device).cuda_stream
         if self.framework == "cupy":
             import cupy
-            return cupy.cuda.get_current_stream().ptr
+            # Held by the outputs: CuPy destroys a stream when its object is collected, and the
+            # outputs' memory goes back to the pool on this stream when they are dropped.
+            self.stream_owner = cupy.cuda.get_current_stream()
+            return self.stream_owner.ptr
         return 0  # the legacy default stream
 
     def take(self, name, x):
         """What the module reads for array x: the array itself on the CPU, a DLPack capsule made
         ready on our stream on the GPU."""
+        fast = self.fast_torch
+        if fast is not None and isinstance(x, fast.tensor):
+            # The producer's stream is ours: a capsule needs no event between them.
+            return fast.to_dlpack(x.detach() if x.requires_grad else x)
         if self.framework == "torch":
             x = x.detach()  # an autograd tensor refuses export; the values are the same
         if self.framework == "numpy" and getattr(x, "dtype", None) is not None and \
@@ -166,15 +234,15 @@ class _Call:
 
     def give(self, out, like_q=True):
         """The module's output as an array of q's framework (no copy)."""
-        if self.framework == "numpy":
-            import numpy
-            array = numpy.from_dlpack(out)
-            if like_q and self.bf16_type is not None and array.dtype == numpy.uint16:
-                array = array.view(self.bf16_type)
-            return array
+        if self.export == _EXPORT_NUMPY:  # made in the module
+            if like_q and self.bf16_type is not None and out.dtype.name == "uint16":
+                return out.view(self.bf16_type)
+            return out
         if self.framework == "torch":
-            import torch
-            return torch.from_dlpack(out)
+            # The capsule, not the object: torch.from_dlpack(object) asks it for a capsule on
+            # PyTorch's current stream, a protocol call that costs ~10 us; the outputs are ready
+            # on the call's stream already.
+            return _torch_handles().from_capsule(out.__dlpack__())
         if self.framework == "cupy":
             import cupy
             return cupy.from_dlpack(out)

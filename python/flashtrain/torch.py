@@ -1,16 +1,22 @@
 """flash-attn's interface on our kernels, for PyTorch.
 
 ``flash_attn_func`` and ``flash_attn_varlen_func`` take the arguments of the flash-attn
-package's functions of the same names, with the same meaning. They run two ``torch.library``
-custom ops, ``flashtrain::attention_forward`` and ``flashtrain::attention_backward``, each with a
-fake (meta) implementation, and an autograd formula joining them, so that autograd and
-``torch.compile(fullgraph=True)`` see one opaque, differentiable op.
+package's functions of the same names, with the same meaning. Under ``torch.compile`` they run
+two ``torch.library`` custom ops, ``flashtrain::attention_forward`` and
+``flashtrain::attention_backward``, each with a fake (meta) implementation, and an autograd
+formula joining them, so that ``torch.compile(fullgraph=True)`` sees one opaque, differentiable
+op. Eagerly the same two calls run through a plain ``torch.autograd.Function`` (and without
+autograd when no input needs a gradient): the custom op's dispatch costs tens of microseconds a
+call on the host, which small shapes would feel. Both routes run the same kernels.
+
+``deterministic=True`` makes the backward bit-reproducible (on the GPU in bf16 the tma backward
+orders its dQ sums, at a cost; where the device or head dim has no such path the call raises
+``ValueError`` with the reason).
 
 What flash-attn offers and we do not raises ``NotImplementedError`` with the reason: dropout,
 ``return_attn_probs``, ``softcap``, ALiBi, a window whose right edge is neither the query
-(causal) nor unbounded, query and key lengths that differ, ``deterministic=True`` on the GPU in
-bf16 (the backward accumulates dQ with atomics). Bad values raise ``ValueError``/``TypeError``.
-float16 is not supported (our kernels are bf16 and fp32).
+(causal) nor unbounded, query and key lengths that differ. Bad values raise
+``ValueError``/``TypeError``. float16 is not supported (our kernels are bf16 and fp32).
 
 Non-contiguous q, k, v (e.g. slices of a fused QKV tensor) are copied to contiguous ones, as
 our kernels read dense ``[B, S, H, D]`` tensors. On the GPU every call runs on PyTorch's
@@ -40,13 +46,13 @@ def _lse_shape(q):
 @torch.library.custom_op("flashtrain::attention_forward", mutates_args=())
 def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 segment_ids: Optional[torch.Tensor], causal: bool, window: int, scale: float,
-                impl: str, config: str) -> Tuple[torch.Tensor, torch.Tensor]:
-    return _attention.forward(q, k, v, causal=causal, window=window, segment_ids=segment_ids,
-                              scale=scale or None, impl=impl, config=config or None)
+                impl: str, config: str, deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    # deterministic is the backward's; the forward carries it to the autograd formula.
+    return _forward_call(q, k, v, segment_ids, causal, window, scale, impl, config)
 
 
 @_forward_op.register_fake
-def _(q, k, v, segment_ids, causal, window, scale, impl, config):
+def _(q, k, v, segment_ids, causal, window, scale, impl, config, deterministic):
     o = q.new_empty(q.shape)
     lse = q.new_empty(_lse_shape(q), dtype=torch.float32)
     return o, lse
@@ -55,39 +61,84 @@ def _(q, k, v, segment_ids, causal, window, scale, impl, config):
 @torch.library.custom_op("flashtrain::attention_backward", mutates_args=())
 def _backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                  lse: torch.Tensor, do: torch.Tensor, segment_ids: Optional[torch.Tensor],
-                 causal: bool, window: int, scale: float, impl: str,
-                 config: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _attention.backward(q, k, v, o, lse, do, causal=causal, window=window,
-                               segment_ids=segment_ids, scale=scale or None, impl=impl,
-                               config=config or None)
+                 causal: bool, window: int, scale: float, impl: str, config: str,
+                 deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward_call(q, k, v, o, lse, do, segment_ids, causal, window, scale, impl, config,
+                          deterministic)
 
 
 @_backward_op.register_fake
-def _(q, k, v, o, lse, do, segment_ids, causal, window, scale, impl, config):
+def _(q, k, v, o, lse, do, segment_ids, causal, window, scale, impl, config, deterministic):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, segment_ids, causal, window, scale, impl, config = inputs
+    q, k, v, segment_ids, causal, window, scale, impl, config, deterministic = inputs
     o, lse = output
     ctx.mark_non_differentiable(lse)
     ctx.save_for_backward(q, k, v, o, lse, segment_ids)
-    ctx.settings = (causal, window, scale, impl, config)
+    ctx.settings = (causal, window, scale, impl, config, deterministic)
 
 
 def _backward(ctx, do, _dlse):
     q, k, v, o, lse, segment_ids = ctx.saved_tensors
     dq, dk, dv = _backward_op(q, k, v, o, lse, do.contiguous(), segment_ids, *ctx.settings)
-    return dq, dk, dv, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None
 
 
 _forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+# ---------------------------------------------------------------- the eager route
+
+
+def _forward_call(q, k, v, segment_ids, causal, window, scale, impl, config):
+    return _attention.forward(q, k, v, causal=causal, window=window, segment_ids=segment_ids,
+                              scale=scale or None, impl=impl, config=config or None)
+
+
+def _backward_call(q, k, v, o, lse, do, segment_ids, causal, window, scale, impl, config,
+                   deterministic):
+    return _attention.backward(q, k, v, o, lse, do, causal=causal, window=window,
+                               segment_ids=segment_ids, scale=scale or None, impl=impl,
+                               config=config or None, deterministic=deterministic)
+
+
+class _EagerAttention(torch.autograd.Function):
+    """The custom ops' autograd formula without their dispatch: what runs outside
+    torch.compile when an input needs a gradient."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, segment_ids, causal, window, scale, impl, config, deterministic):
+        o, lse = _forward_call(q, k, v, segment_ids, causal, window, scale, impl, config)
+        _setup_context(ctx, (q, k, v, segment_ids, causal, window, scale, impl, config,
+                             deterministic), (o, lse))
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        q, k, v, o, lse, segment_ids = ctx.saved_tensors
+        dq, dk, dv = _backward_call(q, k, v, o, lse, do.contiguous(), segment_ids,
+                                    *ctx.settings)
+        return dq, dk, dv, None, None, None, None, None, None, None
+
+
+def _attend(q, k, v, segment_ids, causal, window, scale, impl, config, deterministic):
+    """(o, lse) by the route that fits: the custom op under torch.compile, else autograd's
+    Function, else (no gradient wanted) the plain call."""
+    if torch.compiler.is_compiling():
+        return _forward_op(q, k, v, segment_ids, causal, window, scale, impl, config,
+                           deterministic)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _EagerAttention.apply(q, k, v, segment_ids, causal, window, scale, impl, config,
+                                     deterministic)
+    return _forward_call(q, k, v, segment_ids, causal, window, scale, impl, config)
+
+
 # ---------------------------------------------------------------- flash-attn's arguments
 
 
-def _check_unsupported(dropout_p, softcap, alibi_slopes, deterministic, return_attn_probs, q):
+def _check_unsupported(dropout_p, softcap, alibi_slopes, deterministic, return_attn_probs):
     if dropout_p != 0.0:
         raise NotImplementedError(f"flashtrain: dropout_p={dropout_p} is not supported "
                                   "(our kernels have no dropout; pass 0.0)")
@@ -98,9 +149,8 @@ def _check_unsupported(dropout_p, softcap, alibi_slopes, deterministic, return_a
     if return_attn_probs:
         raise NotImplementedError("flashtrain: return_attn_probs=True is not supported (our "
                                   "kernels never form the attention probabilities)")
-    if deterministic and q.is_cuda and q.dtype == torch.bfloat16:
-        raise NotImplementedError("flashtrain: deterministic=True is not supported for bf16 on "
-                                  "the GPU (the backward accumulates dQ with atomics)")
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"flashtrain: deterministic must be a bool, got {deterministic!r}")
 
 
 def _check_tensors(q, k, v, rank, layout):
@@ -175,15 +225,15 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     ``config`` picks the CUDA bf16 kernels' tiles (``"fwd=128x64/128 bwd=64x64/128/double"``).
     """
     _check_tensors(q, k, v, 4, "[batch, seqlen, heads, head dim]")
-    _check_unsupported(dropout_p, softcap, alibi_slopes, deterministic, return_attn_probs, q)
+    _check_unsupported(dropout_p, softcap, alibi_slopes, deterministic, return_attn_probs)
     if k.shape[:2] != q.shape[:2] or v.shape[:2] != q.shape[:2]:
         raise NotImplementedError(f"flashtrain: q {tuple(q.shape)}, k {tuple(k.shape)}, v "
                                   f"{tuple(v.shape)}: batch and seqlen must agree (query and key "
                                   "lengths that differ are not supported)")
     is_causal, window = _mask(causal, window_size, q.shape[1])
     scale, config = _settings(softmax_scale, impl, config)
-    o, _ = _forward_op(q.contiguous(), k.contiguous(), v.contiguous(), None, is_causal, window,
-                       scale, impl, config)
+    o, _ = _attend(q.contiguous(), k.contiguous(), v.contiguous(), None, is_causal, window, scale,
+                   impl, config, deterministic)
     return o
 
 
@@ -210,7 +260,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     both skips the equality check, which waits for the GPU (it is skipped under torch.compile).
     """
     _check_tensors(q, k, v, 3, "[total tokens, heads, head dim]")
-    _check_unsupported(dropout_p, softcap, alibi_slopes, deterministic, return_attn_probs, q)
+    _check_unsupported(dropout_p, softcap, alibi_slopes, deterministic, return_attn_probs)
     if block_table is not None:
         raise NotImplementedError("flashtrain: block_table (paged KV cache) is not supported")
     if k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0]:
@@ -233,7 +283,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     is_causal, window = _mask(causal, window_size, max_seqlen_k)
     scale, config = _settings(softmax_scale, impl, config)
     segment_ids = _segment_ids(cu_seqlens_q, q.shape[0])
-    o, _ = _forward_op(q.contiguous().unsqueeze(0), k.contiguous().unsqueeze(0),
-                       v.contiguous().unsqueeze(0), segment_ids, is_causal, window, scale, impl,
-                       config)
+    o, _ = _attend(q.contiguous().unsqueeze(0), k.contiguous().unsqueeze(0),
+                   v.contiguous().unsqueeze(0), segment_ids, is_causal, window, scale, impl, config,
+                   deterministic)
     return o.squeeze(0)

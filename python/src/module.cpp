@@ -2,11 +2,12 @@
 // as the CLI: it turns arrays into tensors, calls forward()/backward() and hands the results
 // back; python/flashtrain/attention.py adds the keywords and the frameworks' conventions.
 //
-// Inputs are borrowed without a copy (Tensor::wrap): they must be C-contiguous, and on the GPU
-// 16-byte aligned (the kernels' vector loads). Outputs are the library's tensors, exported
-// without a copy; each keeps its storage alive until the consumer drops it. On the GPU every
-// launch, allocation and free goes on the caller's stream (cuda::StreamScope), and an output's
-// memory goes back to the pool on the stream it was made on.
+// Inputs (arrays or DLPack capsules) are borrowed without a copy (Tensor::wrap): they must be
+// C-contiguous, and on the GPU 16-byte aligned (the kernels' vector loads). Outputs are the
+// library's tensors, exported without a copy (as NumPy arrays made here, or as objects with
+// __dlpack__); each keeps its storage alive until the consumer drops it. On the
+// GPU every launch, allocation and free goes on the caller's stream (cuda::StreamScope), and an
+// output's memory goes back to the pool on the stream it was made on.
 //
 // bf16 arrives as DLPack bfloat16 (PyTorch, JAX, CuPy) or, where the framework has no bf16
 // (NumPy), as uint16 holding the bit patterns; outputs come back in the same form as q.
@@ -38,8 +39,7 @@ namespace nb = nanobind;
 namespace ft::python {
 namespace {
 
-using Array = nb::ndarray<nb::ro>;       // any dtype, shape, strides and device
-using Out = nb::ndarray<nb::array_api>;  // exported as an object with __dlpack__
+using Array = nb::ndarray<nb::ro>;  // any dtype, shape, strides and device
 using dtype_code = nb::dlpack::dtype_code;
 
 bool same_dtype(nb::dlpack::dtype a, nb::dlpack::dtype b) {
@@ -172,10 +172,21 @@ void check_like_q(const char* name, const Array& a, const Array& q) {
   }
 }
 
-// The stream and device a call runs on; the CPU needs neither.
+// The forms an output can be handed back in (python/flashtrain/attention.py picks one): an
+// object with __dlpack__ (whose __dlpack__() capsule PyTorch imports without a protocol call),
+// or a NumPy array made here.
+enum class Export : int { dlpack = 0, numpy = 1 };
+
+// The stream and device a call runs on (the CPU needs neither), and the form its outputs take.
 class CallContext {
  public:
-  CallContext(const Array& q, uintptr_t stream) : stream_(stream) {
+  CallContext(const Array& q, uintptr_t stream, nb::object stream_owner, int export_form)
+      : stream_(stream), stream_owner_(std::move(stream_owner)) {
+    if (export_form < 0 || export_form > static_cast<int>(Export::numpy)) {
+      throw nb::value_error(
+          str("attention: export form ", export_form, " (allowed: 0, 1)").c_str());
+    }
+    export_ = static_cast<Export>(export_form);
 #ifndef FLASHTRAIN_WITH_CUDA
     (void)q;
 #else
@@ -189,19 +200,29 @@ class CallContext {
   uintptr_t stream() const {
     return stream_;
   }
+  const nb::object& stream_owner() const {
+    return stream_owner_;
+  }
+  Export export_form() const {
+    return export_;
+  }
 
  private:
   uintptr_t stream_;
+  nb::object stream_owner_;
+  Export export_ = Export::dlpack;
 #ifdef FLASHTRAIN_WITH_CUDA
   std::optional<cuda::StreamScope> scope_;
 #endif
 };
 
 // Keeps an output's storage alive for its consumer; a GPU buffer goes back to the pool on the
-// stream it was made on.
+// stream it was made on. That stream must outlive the buffer: `stream_owner` (the framework's
+// stream object, e.g. CuPy's, which destroys its stream when collected) is held until the free.
 struct Keeper {
   Tensor tensor;
   uintptr_t stream;
+  nb::object stream_owner;  // released after the body below: the stream lives until the free
 
   ~Keeper() {
 #ifdef FLASHTRAIN_WITH_CUDA
@@ -233,17 +254,29 @@ nb::dlpack::dtype export_dtype(DType dtype, nb::dlpack::dtype q_form) {
   return q_form;
 }
 
-Out hand_back(Tensor tensor, nb::dlpack::dtype q_form, const CallContext& call) {
+template <typename Framework>
+nb::object export_as(void* data, const std::vector<size_t>& shape, nb::capsule owner,
+                     nb::dlpack::dtype dtype, int device_type, int device_id) {
+  return nb::cast(nb::ndarray<Framework>(data, shape.size(), shape.data(), owner, nullptr, dtype,
+                                         device_type, device_id));
+}
+
+nb::object hand_back(Tensor tensor, nb::dlpack::dtype q_form, const CallContext& call) {
   std::vector<size_t> shape(tensor.shape().begin(), tensor.shape().end());
   const bool gpu = tensor.device() == Device::cuda;
   const int device_type = gpu ? nb::device::cuda::value : nb::device::cpu::value;
   const int device_id = gpu ? cuda_current_device() : 0;
-  const DType dtype = tensor.dtype();
+  const nb::dlpack::dtype dtype = export_dtype(tensor.dtype(), q_form);
   void* data = tensor.raw();
-  auto* keeper = new Keeper{std::move(tensor), call.stream()};
+  auto* keeper = new Keeper{std::move(tensor), call.stream(), call.stream_owner()};
   nb::capsule owner(keeper, [](void* p) noexcept { delete static_cast<Keeper*>(p); });
-  return Out(data, shape.size(), shape.data(), owner, nullptr, export_dtype(dtype, q_form),
-             device_type, device_id);
+  switch (call.export_form()) {
+    case Export::numpy:
+      return export_as<nb::numpy>(data, shape, owner, dtype, device_type, device_id);
+    case Export::dlpack:
+      break;
+  }
+  return export_as<nb::array_api>(data, shape, owner, dtype, device_type, device_id);
 }
 
 struct Inputs {
@@ -252,7 +285,7 @@ struct Inputs {
 };
 
 Inputs borrow_inputs(const Array& q, const Array& k, const Array& v, const Array& segment_ids,
-                     bool causal, int64_t window, double scale) {
+                     bool causal, int64_t window, double scale, bool deterministic) {
   Inputs in;
   in.q = borrow("q", q, 4, "[B, S, Hq, D]");
   check_like_q("k", k, q);
@@ -277,15 +310,17 @@ Inputs borrow_inputs(const Array& q, const Array& k, const Array& v, const Array
     mask.has_segments = true;
   }
   in.problem = attention::make_problem(in.q, in.k, in.v, mask, scale);
+  in.problem.deterministic = deterministic;
   return in;
 }
 
 nb::tuple forward(const Array& q, const Array& k, const Array& v, const Array& segment_ids,
                   bool causal, int64_t window, double scale, const std::string& impl_name,
-                  const attention::KernelConfig* config, uintptr_t stream) {
+                  const attention::KernelConfig* config, uintptr_t stream, nb::object stream_owner,
+                  int export_form) {
   const attention::Impl impl = attention::parse_impl(impl_name);
-  const CallContext call(q, stream);
-  const Inputs in = borrow_inputs(q, k, v, segment_ids, causal, window, scale);
+  const CallContext call(q, stream, std::move(stream_owner), export_form);
+  const Inputs in = borrow_inputs(q, k, v, segment_ids, causal, window, scale, false);
   attention::ForwardOutput out;
   {
     nb::gil_scoped_release release;
@@ -297,11 +332,12 @@ nb::tuple forward(const Array& q, const Array& k, const Array& v, const Array& s
 
 nb::tuple backward(const Array& q, const Array& k, const Array& v, const Array& o, const Array& lse,
                    const Array& dout, const Array& segment_ids, bool causal, int64_t window,
-                   double scale, const std::string& impl_name,
-                   const attention::KernelConfig* config, uintptr_t stream) {
+                   double scale, bool deterministic, const std::string& impl_name,
+                   const attention::KernelConfig* config, uintptr_t stream, nb::object stream_owner,
+                   int export_form) {
   const attention::Impl impl = attention::parse_impl(impl_name);
-  const CallContext call(q, stream);
-  const Inputs in = borrow_inputs(q, k, v, segment_ids, causal, window, scale);
+  const CallContext call(q, stream, std::move(stream_owner), export_form);
+  const Inputs in = borrow_inputs(q, k, v, segment_ids, causal, window, scale, deterministic);
   // The reference widens any float dtype (its o is fp64 whatever q is); the others take q's.
   if (impl != attention::Impl::reference) check_like_q("o", o, q);
   check_like_q("do", dout, q);
@@ -378,9 +414,14 @@ NB_MODULE(_flashtrain, m) {
   m.def("forward", &python::forward, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("segment_ids").none(), nb::arg("causal"), nb::arg("window"), nb::arg("scale"),
         nb::arg("impl"), nb::arg("config").none(), nb::arg("stream"),
-        "(o, lse): the library's forward; see flashtrain.attention.forward.");
+        nb::arg("stream_owner").none(), nb::arg("export_form"),
+        "(o, lse): the library's forward; see flashtrain.attention.forward. stream_owner: held "
+        "until the outputs are freed on `stream`; export_form: 0 DLPack object, 1 NumPy.");
   m.def("backward", &python::backward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"),
         nb::arg("lse"), nb::arg("do"), nb::arg("segment_ids").none(), nb::arg("causal"),
-        nb::arg("window"), nb::arg("scale"), nb::arg("impl"), nb::arg("config").none(),
-        nb::arg("stream"), "(dq, dk, dv): the library's backward; see flashtrain.attention.");
+        nb::arg("window"), nb::arg("scale"), nb::arg("deterministic"), nb::arg("impl"),
+        nb::arg("config").none(), nb::arg("stream"), nb::arg("stream_owner").none(),
+        nb::arg("export_form"),
+        "(dq, dk, dv): the library's backward; see flashtrain.attention.backward. The other "
+        "arguments as forward's.");
 }
