@@ -279,7 +279,8 @@ void add_train_command(CLI::App& app) {
                   "soon as the backward completes it)")
       ->capture_default_str();
   cmd->add_option("--comm-dtype", flags->comm_dtype,
-                  "Gradients on the wire: auto (the run's --dtype), fp32 or bf16")
+                  "Gradients on the wire: auto (the run's --dtype; fp32 in a world of one), fp32 or "
+                  "bf16")
       ->check(CLI::IsMember({"auto", "fp32", "bf16"}))
       ->capture_default_str();
   cmd->add_option("--dist-timeout", flags->dist_timeout,

@@ -290,7 +290,9 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
   DataParallelConfig dp_config;
   dp_config.zero_stage = c.zero_stage;
   dp_config.bucket_mb = c.bucket_mb;
-  dp_config.wire_dtype = c.wire_dtype.value_or(c.dtype);
+  // auto: the run's dtype across ranks; in a world of one nothing travels, and rounding the
+  // gradients to bf16 there would only cost two passes over them and change the losses.
+  dp_config.wire_dtype = c.wire_dtype.value_or(ranks > 1 ? c.dtype : DType::f32);
   DataParallel dp(comm, model, c.adamw, c.grad_clip, dp_config);
   int64_t first_step = 1;
   std::vector<std::string> resume_changes;

@@ -74,7 +74,8 @@ struct TrainConfig {
   dist::Communicator* comm = nullptr;
   int zero_stage = 0;               // 1: shard the AdamW moments over the ranks (ZeRO-1)
   double bucket_mb = 25.0;          // gradient bucket size (fp32 MB)
-  std::optional<DType> wire_dtype;  // dtype of the gradients on the wire (default: dtype)
+  // dtype of the gradients on the wire (default: dtype across ranks, fp32 in a world of one)
+  std::optional<DType> wire_dtype;
 };
 
 struct TrainSummary {
