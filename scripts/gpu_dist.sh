@@ -77,10 +77,14 @@ PY
 gpt2="--model gpt2 --attention flash --batch-size 16 --seq-len 1024"
 # ---- world size 1: the buckets' overhead, and exact losses ----
 if part one; then
-  train_run gpt2_bf16_one "" "$gpt2 --dtype bf16 --steps $steps"
-  train_run gpt2_bf16_nccl1 "" "$gpt2 --dtype bf16 --steps $steps --dist nccl"
-  train_run gpt2_bf16_mpirun1 "$mpi -np 1" "$gpt2 --dtype bf16 --steps $steps"
-  train_run gpt2_bf16_nccl1_bf16wire "" "$gpt2 --dtype bf16 --steps $steps --dist nccl --comm-dtype bf16"
+  # --deterministic: the bf16 attention backward adds its dQ parts in a fixed order (by default
+  # two runs of one process differ from step 2 on), so that any difference is the
+  # data-parallel path's.
+  bf16="$gpt2 --dtype bf16 --steps $steps --deterministic"
+  train_run gpt2_bf16_one "" "$bf16"
+  train_run gpt2_bf16_nccl1 "" "$bf16 --dist nccl"
+  train_run gpt2_bf16_mpirun1 "$mpi -np 1" "$bf16"
+  train_run gpt2_bf16_nccl1_bf16wire "" "$bf16 --dist nccl --comm-dtype bf16"
   # A world of one sends fp32 (--comm-dtype auto): the losses are one process's, bit for bit;
   # bf16 on the wire rounds the gradients.
   compare gpt2_bf16_one gpt2_bf16_nccl1 "--threshold-bf16 0"
