@@ -278,9 +278,10 @@ void add_train_command(CLI::App& app) {
                   "Gradient bucket size in MB of fp32 gradients (each bucket is reduced as "
                   "soon as the backward completes it)")
       ->capture_default_str();
-  cmd->add_option("--comm-dtype", flags->comm_dtype,
-                  "Gradients on the wire: auto (the run's --dtype; fp32 in a world of one), fp32 or "
-                  "bf16")
+  cmd->add_option(
+         "--comm-dtype", flags->comm_dtype,
+         "Gradients on the wire: auto (the run's --dtype; fp32 in a world of one), fp32 or "
+         "bf16")
       ->check(CLI::IsMember({"auto", "fp32", "bf16"}))
       ->capture_default_str();
   cmd->add_option("--dist-timeout", flags->dist_timeout,

@@ -72,8 +72,8 @@ struct TrainConfig {
   // nullptr: one process). Rank r takes micro-batch r of every group of world-size
   // consecutive micro-batches; rank 0 alone prints, logs, samples and saves.
   dist::Communicator* comm = nullptr;
-  int zero_stage = 0;               // 1: shard the AdamW moments over the ranks (ZeRO-1)
-  double bucket_mb = 25.0;          // gradient bucket size (fp32 MB)
+  int zero_stage = 0;       // 1: shard the AdamW moments over the ranks (ZeRO-1)
+  double bucket_mb = 25.0;  // gradient bucket size (fp32 MB)
   // dtype of the gradients on the wire (default: dtype across ranks, fp32 in a world of one)
   std::optional<DType> wire_dtype;
 };
