@@ -280,6 +280,25 @@ TEST_F(CudaFlashTest, VeryLongBf16ProblemMatchesNaiveFp32) {
   check_against_naive_fp32("s16448 bf16", in, configs_under_test(in.problem));
 }
 
+// The tma backward runs its blocks in groups of (batch, kv head) pairs sized by the L2 (hero-like
+// shapes: 2-3 pairs a group, so seven pairs leave a partial last group) and, in deterministic
+// mode, in one group of every pair; both orders must cover every key block exactly once.
+TEST_F(CudaFlashTest, TmaBackwardGroupsOfPairsCoverEveryKeyBlock) {
+  const DeviceLimits& device = DeviceLimits::current();
+  Mask mask;
+  mask.causal = true;
+  const Inputs plain = make_inputs({7, 4096, 4, 1, 128}, mask, DType::bf16, 17);
+  KernelConfig config = default_config(device, plain.problem);
+  config.backward = {64, 128, 384};
+  config.backward_path = BackwardPath::tma;
+  const std::string refused = can_implement(config, plain.problem, device);
+  if (!refused.empty()) GTEST_SKIP() << refused;
+  check_against_naive_fp32("tma backward, groups of pairs", plain, {config});
+  Inputs deterministic = plain;
+  deterministic.problem.deterministic = true;
+  check_against_naive_fp32("tma backward, deterministic", deterministic, {config});
+}
+
 // Scales other than 1 / sqrt(D): larger, smaller and negative (the largest scaled score then
 // comes from the smallest raw one), with every mask.
 TEST_F(CudaFlashTest, NonDefaultScalesMatchNaiveFp32) {

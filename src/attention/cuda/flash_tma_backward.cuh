@@ -16,6 +16,11 @@
 // warpgroup, the dQ writer, adds it to the fp32 dQ buffer by TMA reductions: no consumer thread
 // waits on global memory.
 //
+// The grid's order (KeyBlockTile): (batch, kv head) pairs in groups whose Q and dO fit half the
+// L2, key blocks outermost within a group, so that under a causal mask the longest blocks start
+// first while the blocks resident at once share their Q and dO in L2; deterministic mode puts
+// every pair in one group (docs/PERF.md, "The tma backward", b3).
+//
 // Deterministic mode (FlashParams::dq_semaphore): the reductions into each query tile of dQ
 // happen in a fixed order, key block by key block (then consumer by consumer where their parts
 // meet): a counter per query tile says whose turn it is, and only the writer waits for it. Tiles
