@@ -72,9 +72,10 @@ void add_sweep_command(CLI::App& app) {
                   "every tma plan of the head dim, backward fixed), backward (every backward tile "
                   "of the path, forward fixed) or both")
       ->capture_default_str();
-  sub->add_option("--backward-path", o.backward_path,
-                  "backward path of the candidates: single, double or wgmma (default: the base "
-                  "config's)");
+  sub->add_option(
+      "--backward-path", o.backward_path,
+      "backward path of the candidates: single, double, wgmma or tma (default: the base "
+      "config's)");
   sub->add_flag("--all-paths", o.all_paths, "sweep every compiled backward path");
   sub->add_option("--warmup", o.warmup, "untimed calls before the timed ones")
       ->capture_default_str();

@@ -644,10 +644,11 @@ struct DefaultRow {
 // dim 256 has only the tma forward (128x64, the largest that fits) and no backward kernel. With
 // a window or segment ids (many short work tiles) the wgmma 64x64 forward stays faster (1.88 ms
 // against 2.03 ms for the best tma plan at window 512 + 5 documents). The backward is the tma
-// path's at head dims 64 and 128 (PERF.md, "The tma backward": hero causal 13.8 ms against the
-// wgmma 64x128's 16.9, window + documents 5.18 against 6.06-6.57, llama3-1b at S=32768 33.6
-// against 39.0; at the GPT-2 shape the wgmma 64x64 is 6% faster, 0.193 against 0.205 ms, and
-// stays a sweep candidate); head dim 256 keeps the wgmma rows, which refuse it. Head dim
+// path's at head dims 64 and 128 (PERF.md, "The tma backward": hero causal 13.2 ms against the
+// wgmma 64x128's 16.9, window + documents 5.09 against 6.06-6.57, llama3-1b at S=32768 34.1
+// against 39.0, GPT-2 0.195 against the wgmma 64x64's 0.193-0.196; `flashtrain sweep
+// --all-paths` on the H200 picks these rows at the hero and GPT-2 shapes, docs/SWEEP.md); head
+// dim 256 keeps the wgmma rows, which refuse it. Head dim
 // 32 keeps the mma.sync rows, the fastest correct of `flashtrain sweep --all-paths` before the
 // wgmma path (docs/SWEEP.md). sm100 takes sm90's mma.sync rows unmeasured (wgmma is sm90 only),
 // sm80 the same tiles (they fit its shared memory); sm86/89 and sm120 (99 KB per block) the
