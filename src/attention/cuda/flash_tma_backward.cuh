@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "attention/cuda/backward_step.cuh"
 #include "attention/cuda/flash_bf16.cuh"
 #include "attention/cuda/hopper.cuh"
 #include "attention/tma_plans.h"
@@ -52,7 +53,6 @@ int64_t l2_bytes();
 
 namespace tma_bwd_detail {
 
-using bf16_detail::fast_exp2;
 using namespace hopper;
 
 struct TmaBackwardArgs {
@@ -393,13 +393,8 @@ __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const Backward
   const int32_t* seg_row = SEG ? p.segment_ids + int64_t{b} * S : nullptr;
   const SegmentChunk* chunk_row =
       SEG ? p.segment_chunks + int64_t{b} * p.chunks_per_row() : nullptr;
-  // Segment ids of this thread's two keys (-2 past the end: a key that does not exist).
-  int kid[2] = {0, 0};
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int j = k0 + key_row + 8 * half;
-    if (SEG) kid[half] = j < S ? seg_row[j] : -2;
-  }
+  int kid[2];  // this thread's two keys' segment ids
+  backward_step::key_segment_ids<SEG>(seg_row, k0, key_row, S, kid);
 
   float dk[DT * 4], dv[DT * 4];
 #pragma unroll
@@ -424,75 +419,9 @@ __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const Backward
     float st[QT * 4], dpt[QT * 4];
     pin(dk);
     pin(dv);
-    wg_fence();
-#pragma unroll
-    for (int kd = 0; kd < D / 16; ++kd) {
-      const uint32_t key_off = (kd / 4) * BN * kPanelRowBytes + (kd % 4) * 32;
-      const uint32_t query_off = (kd / 4) * BM * kPanelRowBytes + (kd % 4) * 32;
-      mma_ss<BM, 0, 0>(st, advance(k_rows, key_off), advance(q_stage, query_off), kd > 0);
-    }
-    wg_commit();
-#pragma unroll
-    for (int kd = 0; kd < D / 16; ++kd) {
-      const uint32_t key_off = (kd / 4) * BN * kPanelRowBytes + (kd % 4) * 32;
-      const uint32_t query_off = (kd / 4) * BM * kPanelRowBytes + (kd % 4) * 32;
-      mma_ss<BM, 0, 0>(dpt, advance(v_rows, key_off), advance(do_stage, query_off), kd > 0);
-    }
-    wg_commit();
-    // This thread's query columns: qt * 8 + (lane % 4) * 2 + {0, 1}. lse in log2 units, +inf
-    // for rows that see nothing (their P is then exactly 0).
-    float lse2[QT][2];
-#pragma unroll
-    for (int qt = 0; qt < QT; ++qt) {
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const float l = lse_t[qt * 8 + (lane % 4) * 2 + c];
-        lse2[qt][c] = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
-      }
-    }
-    // Segment ids of this thread's query columns (a query tile inside one document needs no
-    // per-query read).
-    int qids[QT][2];
-    if (SEG && partial) {
-      const UniformSegment queries_seg = uniform_segment(chunk_row, q0, min(q0 + BM, S));
-#pragma unroll
-      for (int qt = 0; qt < QT; ++qt) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int i = q0 + qt * 8 + (lane % 4) * 2 + c;
-          qids[qt][c] = queries_seg.uniform ? queries_seg.id : (i < S ? seg_row[i] : -1);
-        }
-      }
-    }
-    wg_wait<1>();
-    pin(st);
-
-    // P^T = exp2(S^T * scale_log2 - lse_log2), masked where a boundary cuts the tile.
-#pragma unroll
-    for (int qt = 0; qt < QT; ++qt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float pv = fast_exp2(fmaf(st[4 * qt + e], p.scale_log2, -lse2[qt][e % 2]));
-        if (partial) {
-          const int i = q0 + qt * 8 + (lane % 4) * 2 + (e % 2), j = k0 + key_row + 8 * (e / 2);
-          bool ok = allowed_position(p, i, j);
-          if (SEG) ok = ok && same_segment(qids[qt][e % 2], kid[e / 2]);
-          if (!ok) pv = 0.0f;
-        }
-        st[4 * qt + e] = pv;
-      }
-    }
-    wg_wait<0>();
-    pin(dpt);
-    // dS^T = P^T (dP^T - D).
-#pragma unroll
-    for (int qt = 0; qt < QT; ++qt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float dsum = dsum_t[qt * 8 + (lane % 4) * 2 + e % 2];
-        dpt[4 * qt + e] = st[4 * qt + e] * (dpt[4 * qt + e] - dsum);
-      }
-    }
+    backward_step::issue_score_products<BM, BN, D>(st, dpt, k_rows, v_rows, q_stage, do_stage);
+    const backward_step::StepRows rows{lse_t, dsum_t, q0, k0, key_row, lane, S, partial};
+    backward_step::probabilities_and_ds<BM, SEG>(st, dpt, p, rows, chunk_row, seg_row, kid);
 
     // P^T and dS^T as register operands; dS^T also into this step's buffer ([key][query], one
     // panel) for dQ.
