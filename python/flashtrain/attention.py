@@ -185,18 +185,15 @@ class _Call:
         self.config = _config(config)
         self.explicit_stream = stream is not None
         self.stream_owner = None
-        self.stream = self._stream(q, stream) if self.cuda else 0
+        self.stream = self._stream(stream) if self.cuda else 0
         self.export = _EXPORT_NUMPY if self.framework == "numpy" else _EXPORT_DLPACK
         self.bf16_type = None  # ml_dtypes.bfloat16 when q is such a NumPy array
 
-    def _stream(self, q, stream):
+    def _stream(self, stream):
         if stream is not None:
             return int(stream)
-        if self.fast_torch is not None:
+        if self.fast_torch is not None:  # every PyTorch tensor without a stream= handle
             return self.fast_torch.current_stream(self.device_id)
-        if self.framework == "torch":
-            import torch
-            return torch.cuda.current_stream(q.device).cuda_stream
         if self.framework == "cupy":
             import cupy
             # Held by the outputs: CuPy destroys a stream when its object is collected, and the
