@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine, from the repository root: the same bench_attention_gpu cases for every
+# variant carried in build-gpu/variants.tar.xz (scripts/snapshot_variant.sh), in ROUNDS
+# alternating rounds (variant order reversed every other round), so that versions of a kernel
+# are compared in one call at the same clocks and a drift of the card shows as a spread. Prints
+# the median forward and backward ms per case and variant over the rounds, with the range.
+#
+#   scripts/gpu_variants.sh                                 # every variant, the default cases
+#   CASES=hero-causal DIRS=fwd ROUNDS=3 scripts/gpu_variants.sh
+#   ARGS='--config "fwd=128x128/384/tma/s2/pp"' scripts/gpu_variants.sh   # more bench flags
+#
+# Environment: CASES (comma list, default hero-causal,hero-window-docs,gpt2,llama-long), DIRS
+# (fwd, bwd or both; default both), ROUNDS (default 2), ARGS (more bench_attention_gpu flags, as
+# shell words), VARIANTS (names, default every one), OUT (default gpu-out/variants).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+out="${OUT:-gpu-out}/variants"
+mkdir -p "$out"
+source scripts/gpu_env.sh || exit 1
+if [ ! -d build-gpu/variants ]; then
+  tar -C build-gpu -xJf build-gpu/variants.tar.xz || { echo "no build-gpu/variants.tar.xz"; exit 1; }
+fi
+read -r -a names <<<"${VARIANTS:-$(ls build-gpu/variants | tr '\n' ' ')}"
+extra=()
+eval "extra=(${ARGS:-})"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader |
+  tee "$out/gpu.txt"
+status=0
+for round in $(seq 1 "${ROUNDS:-2}"); do
+  order=("${names[@]}")
+  if [ $((round % 2)) -eq 0 ]; then
+    order=()
+    for ((i = ${#names[@]} - 1; i >= 0; i--)); do order+=("${names[$i]}"); done
+  fi
+  for v in "${order[@]}"; do
+    echo "round $round: $v ($(cat "build-gpu/variants/$v/GIT_COMMIT"))"
+    "build-gpu/variants/$v/bench_attention_gpu" --case "${CASES:-hero-causal,hero-window-docs,gpt2,llama-long}" \
+      --impl flash --dir "${DIRS:-both}" "${extra[@]}" >"$out/$v.round$round.jsonl" 2>"$out/$v.round$round.log" ||
+      { echo "  exit $? ($(tail -1 "$out/$v.round$round.log"))"; status=1; }
+  done
+done
+python3 - "$out" "${names[@]}" <<'PY'
+import glob, json, statistics, sys
+out, names = sys.argv[1], sys.argv[2:]
+rows = {}
+for v in names:
+    for path in sorted(glob.glob(f"{out}/{v}.round*.jsonl")):
+        for line in open(path):
+            line = line.strip()
+            if not line.startswith("{"):
+                continue
+            r = json.loads(line)
+            if "dir" not in r or "median_ms" not in r:
+                continue
+            key = (r.get("case", "?"), r["dir"] + (" det" if r.get("deterministic") else ""),
+                   r.get("config", ""))
+            rows.setdefault(key, {}).setdefault(v, []).append(r["median_ms"])
+print("| case | dir | config | " + " | ".join(names) + " |")
+print("|---|---|---|" + "---:|" * len(names))
+for (case, d, config), by in sorted(rows.items()):
+    cells = []
+    for v in names:
+        ms = by.get(v, [])
+        cells.append(f"{statistics.median(ms):.3f} ({min(ms):.3f}-{max(ms):.3f})" if ms else "-")
+    print(f"| {case} | {d} | {config or 'default'} | " + " | ".join(cells) + " |")
+PY
+exit $status

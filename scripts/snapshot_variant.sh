@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Keeps the bench_attention_gpu that build-gpu holds now as variant NAME (stripped, under
+# build-gpu/variants/NAME/) and repacks build-gpu/variants.tar.xz, which scripts/gpu_variants.sh
+# times on the GPU machine: build one version of a kernel (a commit, an ablation patch), snapshot
+# it, build the next, snapshot it, then compare them all in one device call.
+#
+#   scripts/snapshot_variant.sh base      # after `ninja -C build-gpu bench_attention_gpu`
+#   FROM=path/to/bench_attention_gpu scripts/snapshot_variant.sh old   # a binary kept elsewhere
+set -euo pipefail
+cd "$(dirname "$0")/.."
+name="${1:?usage: scripts/snapshot_variant.sh NAME}"
+src="${FROM:-build-gpu/bench_attention_gpu}"
+[ -x "$src" ] || { echo "no executable at $src (build bench_attention_gpu first)" >&2; exit 1; }
+mkdir -p "build-gpu/variants/$name"
+strip -o "build-gpu/variants/$name/bench_attention_gpu" "$src"
+{ git rev-parse --short HEAD; git diff --quiet HEAD -- || echo dirty; } | paste -sd' ' \
+  >"build-gpu/variants/$name/GIT_COMMIT"
+tar -C build-gpu -cJf build-gpu/variants.tar.xz variants
+echo "variant $name from $src; build-gpu/variants.tar.xz: $(du -h build-gpu/variants.tar.xz | cut -f1)" \
+  "($(ls build-gpu/variants | tr '\n' ' '))"
