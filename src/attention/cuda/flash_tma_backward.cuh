@@ -9,12 +9,12 @@
 //     slots, with the step's query head, rows and mask cover; a last slot with no head ends;
 //   - two consumer warpgroups, 64 keys each, whose dK and dV stay in registers over all steps.
 // A consumer's step: S^T = K Q^T and dP^T = V dO^T (shared-memory products; P^T is computed
-// while dP^T runs), dS^T = P^T (dP^T - D), dS^T into shared memory (two buffers: the other group
-// reads it for dQ), then dQ = dS K from shared memory and dV += P^T dO, dK += dS^T Q with the
-// left operand from registers. Its dQ part (64 rows x 64 columns, fp32) goes into a staging tile
-// (two per consumer, alternating, guarded by mbarriers) and one thread of the producer
-// warpgroup, the dQ writer, adds it to the fp32 dQ buffer by TMA reductions: no consumer thread
-// waits on global memory.
+// while dP^T runs), dS^T = P^T (dP^T - D), dS^T into shared memory (two buffers; where the groups
+// split dQ's columns the other group reads it too), then dQ = dS K from shared memory and
+// dV += P^T dO, dK += dS^T Q with the left operand from registers. Its dQ part (64 rows x 64
+// columns, fp32) goes into a staging tile (two per consumer, alternating, guarded by mbarriers) and
+// one thread of the producer warpgroup, the dQ writer, adds it to the fp32 dQ buffer by TMA
+// reductions: no consumer thread waits on global memory.
 //
 // The grid's order (KeyBlockTile): (batch, kv head) pairs in groups whose Q and dO fit half the
 // L2, key blocks outermost within a group, so that under a causal mask the longest blocks start
@@ -138,8 +138,18 @@ struct BackwardSmem {
   }
 };
 
-// Named barrier: the consumers' dS^T is complete (both groups).
-constexpr int kDsBarrier = 1;
+// Named barriers: dS^T is complete, for the products that read it: both groups' (dQ over every
+// key of the block, when the groups split dQ's columns), or group g's own (each group's dQ part
+// reads only its own keys' rows; the groups then run out of step, one's element-wise work under
+// the other's products, instead of waiting for each other every step).
+template <bool BOTH>
+__device__ __forceinline__ void ds_stored(int g, int groups) {
+  if constexpr (BOTH) {
+    named_sync(1, 128 * groups);
+  } else {
+    named_sync(1 + g, 128);
+  }
+}
 
 // ---- scheduler ----
 
@@ -443,9 +453,9 @@ __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const Backward
       }
     }
     fence_async_shared();
-    // Both groups' dS^T are stored. (The other buffer was last read by the dQ products of the
-    // step before, which each group finished before it stored this step's dS^T.)
-    named_sync(kDsBarrier, 128 * kGroups);
+    // The dS^T that this group's dQ reads is stored. (The other buffer was last read by the dQ
+    // products of the step before, which each group finished before it stored this step's dS^T.)
+    ds_stored<kDqSplitsColumns>(g, kGroups);
 
     // dQ (queries x 64 columns) = dS K: dS^T read as an MN-major A (rows = keys), K MN-major;
     // then dV += P^T dO and dK += dS^T Q (left operand from registers, dO and Q MN-major).

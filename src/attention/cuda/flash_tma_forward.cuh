@@ -62,15 +62,27 @@ struct WorkTile {
   int q_block, head, batch;
 };
 
-// The order in which persistent blocks take work tiles (block b takes b, b + grid, ...). (head,
-// batch row) pairs are cut into sections whose K and V fit in L2 together; inside a section the
-// query blocks go from the most keys to the fewest (causal: the last query block first), so the
-// longest tiles start first and the short ones fill the tail. Heads of one GQA group are adjacent.
+// The order of the work tiles. (head, batch row) pairs are cut into sections whose K and V fit
+// in L2 together; inside a section the query blocks go from the most keys to the fewest (causal:
+// the last query block first), so the longest tiles start first and the short ones fill the
+// tail. Heads of one GQA group are adjacent.
+//
+// Persistent blocks deal the list out in rounds of one tile per block, in a snake: round r gives
+// block b position r * grid + b when r is even and r * grid + grid - 1 - b when it is odd, so
+// the block that drew the longest tile of one round draws the shortest of the next (dealt in
+// the same direction every round, block 0 would draw the longest of every round: 2.4% more work
+// than the mean at the hero shape, 12% at GPT-2's, against 0.7% and 3% in a snake; a simulation
+// of the causal key-tile counts, docs/PERF.md t4).
 struct TileOrder {
   int q_blocks = 0, pairs = 0, section_pairs = 1, q_heads = 0;
   bool last_block_first = false;
 
   __host__ __device__ int count() const { return q_blocks * pairs; }
+  // The work tile block `block` of `grid` takes in round `round` (>= count(): none; later rounds
+  // are past the end too).
+  __host__ __device__ static int dealt(int round, int block, int grid) {
+    return round * grid + (round % 2 == 0 ? block : grid - 1 - block);
+  }
   __device__ WorkTile at(int t) const {
     const int per_section = section_pairs * q_blocks;
     const int section = t / per_section;
@@ -259,8 +271,9 @@ __device__ __forceinline__ void produce(const TmaForwardArgs& a, const Smem<PLAN
                w.batch);
     }
   };
-  int local = 0;
-  for (int t = blockIdx.x; t < a.order.count(); t += gridDim.x, ++local) {
+  for (int local = 0;; ++local) {
+    const int t = TileOrder::dealt(local, blockIdx.x, gridDim.x);
+    if (t >= a.order.count()) break;
     const WorkTile w = a.order.at(t);
     // The Q slot is free once the work tile that used it has stored its output from it (with
     // two slots: the one before last, so its segment table is free too).
@@ -315,11 +328,32 @@ __device__ __forceinline__ void mask_scores(float (&s)[NT * 4], const FlashParam
   }
 }
 
+// The largest (LARGEST) or smallest score of this thread's row `half` (its elements 2 * half and
+// 2 * half + 1 of each 8-column block) as a tree, log2(NT) + 1 comparisons deep: a running
+// extremum would chain all 2 * NT of them, and the softmax's row maximum is on the path from a
+// tile's scores to its exponentials.
+template <int NT, bool LARGEST>
+__device__ __forceinline__ float row_extremum(const float (&s)[NT * 4], int half) {
+  static_assert((NT & (NT - 1)) == 0, "the tree halves NT down to one");
+  auto pick = [](float x, float y) { return LARGEST ? fmaxf(x, y) : fminf(x, y); };
+  float v[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) v[nt] = pick(s[4 * nt + 2 * half], s[4 * nt + 2 * half + 1]);
+#pragma unroll
+  for (int width = NT / 2; width >= 1; width /= 2) {
+#pragma unroll
+    for (int i = 0; i < NT / 2; ++i) {
+      if (i < width) v[i] = pick(v[i], v[i + width]);
+    }
+  }
+  return v[0];
+}
+
 // Online softmax of one key tile for this thread's two rows, base 2 with the scale folded into
 // the exponent: the new row maxima (of the scaled scores), alpha = the factor O is rescaled by,
 // P = exp2(s * scale_log2 - max) in place of the scores, and the running row sums. With a
 // positive scale the largest scaled score comes from the largest raw one; with a negative one
-// from the smallest (and masked scores are +inf). The two extremum loops are separate branches
+// from the smallest (and masked scores are +inf). The two extremum trees are separate branches
 // on a warp-uniform flag, so a thread runs one of them, not both predicated.
 template <int NT>
 struct OnlineSoftmax {
@@ -334,22 +368,10 @@ struct OnlineSoftmax {
     float ext[2];
     if (positive_scale) {
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        ext[half] = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          ext[half] = fmaxf(ext[half], fmaxf(s[4 * nt + 2 * half], s[4 * nt + 2 * half + 1]));
-        }
-      }
+      for (int half = 0; half < 2; ++half) ext[half] = row_extremum<NT, true>(s, half);
     } else {
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        ext[half] = INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          ext[half] = fminf(ext[half], fminf(s[4 * nt + 2 * half], s[4 * nt + 2 * half + 1]));
-        }
-      }
+      for (int half = 0; half < 2; ++half) ext[half] = row_extremum<NT, false>(s, half);
     }
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -371,8 +393,8 @@ struct OnlineSoftmax {
   }
 };
 
-// O *= alpha per row; once the rows' maxima settle (most tiles) every alpha is 1 and the warp
-// skips the pass.
+// O *= alpha per row; once the rows' maxima settle (most tiles of long rows) every alpha is 1 and
+// the warp skips the pass.
 template <int DT>
 __device__ __forceinline__ void rescale(float (&o)[DT * 4], const float (&alpha)[2]) {
   if (!__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) return;
@@ -470,8 +492,9 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
   };
   RingPosition<Smem<PLAN>::kQSlots> q_ring;
   RingPosition<P.stages> ring;
-  int local = 0;
-  for (int t = blockIdx.x; t < a.order.count(); t += gridDim.x, ++local) {
+  for (int local = 0;; ++local) {
+    const int t = TileOrder::dealt(local, blockIdx.x, gridDim.x);
+    if (t >= a.order.count()) break;
     const WorkTile w = a.order.at(t);
     const KeyTiles<BM, BN, SEG> tiles(p, w, s.table_ids(local & 1), s.table_covers(local & 1),
                                       false);
