@@ -5,10 +5,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "attention/attention.h"
 #include "attention/kernel_config.h"
+#include "attention/kernel_config_file.h"
 #include "commands.h"
 #include "core/device.h"
 #include "core/npy.h"
@@ -24,7 +26,8 @@ namespace {
 struct AttentionOptions {
   std::string q, k, v, dout, segment_ids, out_dir;
   std::string impl = "flash", device = "cpu", dtype = "fp32";
-  std::string config;  // CUDA flash kernel config; empty: the device's default
+  std::string config;         // CUDA flash kernel config; empty: the device's default
+  std::string kernel_config;  // a kernel-config file whose rows come before the built-in table
   bool causal = false, check = false, deterministic = false;
   int64_t window = 0;
   double scale = 0.0;
@@ -117,6 +120,11 @@ void print_lse_check(const Tensor& got, const Tensor& ref) {
 }
 
 void run_attention(const AttentionOptions& opt) {
+  // The file first: a bad one is reported as such whatever the other flags say.
+  std::optional<attention::KernelConfigFile> kernel_file;
+  if (!opt.kernel_config.empty()) {
+    kernel_file = attention::read_kernel_config_file(opt.kernel_config);
+  }
   const Device device = parse_run_device(opt.device);
   const attention::Impl impl = attention::parse_impl(opt.impl);
   const DType dtype = parse_dtype(opt.dtype);
@@ -124,6 +132,11 @@ void run_attention(const AttentionOptions& opt) {
            " is not supported (allowed: fp32, bf16)");
   FT_CHECK(impl != attention::Impl::reference || device == Device::cpu,
            "--impl reference is the fp64 CPU oracle; use --device cpu (or --impl naive|flash)");
+  const bool flash_on_gpu = impl == attention::Impl::flash && device == Device::cuda;
+  FT_CHECK(opt.config.empty() || flash_on_gpu,
+           "--config sets the CUDA flash kernels' tiles: it needs --impl flash --device cuda");
+  FT_CHECK(!kernel_file || flash_on_gpu, "--kernel-config ", opt.kernel_config,
+           " sets the CUDA flash kernels' tiles: it needs --impl flash --device cuda");
   FT_CHECK(opt.window >= 0, "--window must be >= 0 (0: none), got ", opt.window);
   FT_CHECK(std::isfinite(opt.scale) && opt.scale >= 0,
            "--scale must be a finite number >= 0 "
@@ -142,22 +155,31 @@ void run_attention(const AttentionOptions& opt) {
   const Tensor dout = opt.dout.empty() ? Tensor{} : load_float_input("do", opt.dout, dtype);
   FT_CHECK(!dout.defined() || dout.shape() == q.shape(), "--do ", opt.dout, " has shape ",
            shape_str(dout.shape()), "; it must have the shape of --q ", shape_str(q.shape()));
-  prepare_output_dir(opt.out_dir, "--out-dir");  // before any work: the results must land
   attention::KernelConfig config;
   const attention::KernelConfig* config_arg = nullptr;
+  std::string config_origin;
   if (!opt.config.empty()) {
-    FT_CHECK(impl == attention::Impl::flash && device == Device::cuda,
-             "--config sets the CUDA flash kernels' tiles: it needs --impl flash --device cuda");
     config = attention::KernelConfig::parse(opt.config);
     config_arg = &config;
+    config_origin = kernel_file ? "--config, over --kernel-config" : "--config";
   }
+  if (kernel_file && config_arg == nullptr) {
+    // Checked here, so that a row that cannot run the problem is named as the file's.
+    const attention::KernelConfigChoice choice = attention::checked_kernel_config(
+        &*kernel_file, attention::DeviceLimits::current(), problem,
+        dout.defined() ? attention::KernelDirection::both : attention::KernelDirection::forward);
+    config = choice.config;
+    config_arg = &config;
+    config_origin = choice.origin();
+  }
+  prepare_output_dir(opt.out_dir, "--out-dir");  // before any work: the results must land
   std::printf("attention %s on %s: %s\n", attention::impl_name(impl), device_name(device),
               problem.describe().c_str());
-  if (impl == attention::Impl::flash && device == Device::cuda && dtype == DType::bf16) {
+  if (flash_on_gpu && dtype == DType::bf16) {
     const auto& limits = attention::DeviceLimits::current();
     std::printf("kernels %s (%s)\n",
                 (config_arg ? config : attention::default_config(limits, problem)).str().c_str(),
-                config_arg ? "--config" : ("default for " + limits.arch).c_str());
+                config_arg ? config_origin.c_str() : ("default for " + limits.arch).c_str());
   }
 
   // The inputs stay on the CPU for --check; segment ids are accepted on either device.
@@ -228,6 +250,10 @@ void add_attention_command(CLI::App& app) {
                   "CUDA flash kernel tiles and paths, e.g. 'fwd=128x64/128 bwd=64x128/256/double' "
                   "or, on sm90, 'fwd=128x128/256/wgmma bwd=64x128/256/wgmma' (default: the "
                   "GPU's default; bf16 only, fp32 has fixed kernels)");
+  cmd->add_option("--kernel-config", opt->kernel_config,
+                  "kernel-config file (JSON, e.g. from `flashtrain sweep --emit-kernel-config`): "
+                  "its row for this GPU, head dim and mask gives the kernels, before the "
+                  "built-in table; --config beats it (needs --impl flash --device cuda)");
   cmd->add_option("--dtype", opt->dtype,
                   "fp32 or bf16 (float32 inputs are rounded to bf16); reference computes in fp64")
       ->capture_default_str();

@@ -40,6 +40,9 @@ void run(const SweepCommand& cmd) {
   // The tables are written after the whole sweep: their paths are checked before it.
   if (!cmd.opt.json_path.empty()) check_writable_file(cmd.opt.json_path, "--json");
   if (!cmd.opt.csv_path.empty()) check_writable_file(cmd.opt.csv_path, "--csv");
+  if (!cmd.opt.kernel_config_path.empty()) {
+    check_writable_file(cmd.opt.kernel_config_path, "--emit-kernel-config");
+  }
   const int code = sweep::run_sweep(cmd.opt, self_path(), std::cout, std::cerr);
   if (code != 0) std::exit(code);
 }
@@ -99,7 +102,12 @@ void add_sweep_command(CLI::App& app) {
   sub->add_option("--csv", o.csv_path, "write the rows as CSV ('# key: value' header lines)");
   sub->add_flag("--emit-defaults", o.emit_defaults,
                 "print the fastest correct config per mask as kDefaults rows "
-                "(src/attention/kernel_config.cpp)");
+                "(src/attention/kernel_config.cpp), to make them the built-in defaults");
+  sub->add_option("--emit-kernel-config", o.kernel_config_path,
+                  "write the fastest correct config per mask to this kernel-config file (JSON), "
+                  "which `train --kernel-config` and `attention --kernel-config` read: the "
+                  "winners used without a rebuild (named after the flag that reads it; "
+                  "--emit-defaults prints the same winners as source rows)");
   sub->add_option("--worker-timeout", o.worker_timeout_s,
                   "seconds before a job's worker process is killed")
       ->capture_default_str();

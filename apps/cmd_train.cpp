@@ -236,6 +236,11 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag("--deterministic", c.attention.deterministic,
                 "Attention backward with bit-identical results on every run (the GPU's bf16 "
                 "flash backward then adds its dQ parts in a fixed order: the tma path, sm90)");
+  cmd->add_option("--kernel-config", c.kernel_config_path,
+                  "Kernel-config file (JSON, e.g. from `flashtrain sweep --emit-kernel-config`): "
+                  "its rows give the CUDA flash kernels' tiles and paths in every attention call, "
+                  "before the built-in table; checked at the start (needs --attention flash on "
+                  "a GPU; unused in fp32, whose kernels are fixed)");
   cmd->add_flag("--doc-mask", c.doc_mask,
                 "Attend only within each document of a packed row: a document starts at each "
                 "end-of-text token (id from --tokenizer), in every layer, also for val loss and "

@@ -170,6 +170,15 @@ std::string arch_family(int cc) {
   return "sm80";
 }
 
+std::vector<std::string> arch_families() {
+  std::vector<std::string> out;
+  for (const ArchRow& row : kArchs) {
+    const std::string family = arch_family(row.compute_capability);
+    if (std::find(out.begin(), out.end(), family) == out.end()) out.push_back(family);
+  }
+  return out;
+}
+
 std::vector<std::string> DeviceLimits::known_archs() {
   std::vector<std::string> out;
   for (const ArchRow& row : kArchs) out.push_back(row.arch);
@@ -697,10 +706,12 @@ KernelConfig default_config(const DeviceLimits& device, int64_t head_dim, MaskCl
 }
 
 KernelConfig default_config(const DeviceLimits& device, const Problem& problem) {
-  KernelConfig c = default_config(device, problem.head_dim, mask_class_of(problem.mask));
-  // Deterministic mode needs the tma backward (the only bf16 one with a fixed dQ order): where
-  // the default backward is another path and a tma backward plan exists for the head dim, the
-  // first such plan.
+  return with_deterministic_backward(
+      default_config(device, problem.head_dim, mask_class_of(problem.mask)), device, problem);
+}
+
+KernelConfig with_deterministic_backward(KernelConfig c, const DeviceLimits& device,
+                                         const Problem& problem) {
   if (problem.deterministic && c.backward_path != BackwardPath::tma &&
       arch_family(device.compute_capability) == "sm90") {
     for (const TmaBackwardPlan& plan : kTmaBackwardPlans) {

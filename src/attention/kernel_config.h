@@ -143,13 +143,20 @@ MaskClass mask_class_of(const Mask& mask);
 
 // The default table's family of a compute capability: sm80, sm86 (also sm89), sm90, sm100, sm120.
 std::string arch_family(int compute_capability);
+// Every family arch_family() names, in that order.
+std::vector<std::string> arch_families();
 
 // The configuration the flash kernels use when none is asked for (the per-architecture table in
 // kernel_config.cpp, chosen for sm90 by `flashtrain sweep`; docs/SWEEP.md has the tables).
 KernelConfig default_config(const DeviceLimits& device, int64_t head_dim,
                             MaskClass mask_class = MaskClass::dense);
-// For a problem: its mask class's row; in deterministic mode on sm90 with the tma backward.
+// For a problem: its mask class's row, then with_deterministic_backward().
 KernelConfig default_config(const DeviceLimits& device, const Problem& problem);
+// Deterministic mode needs the tma backward (the only bf16 one with a fixed dQ order): for a
+// deterministic problem on sm90 whose head dim has a tma backward plan, `config` with its
+// backward replaced by the first such plan when it names another path; `config` otherwise.
+KernelConfig with_deterministic_backward(KernelConfig config, const DeviceLimits& device,
+                                         const Problem& problem);
 
 // The compiled kernels: mma.sync forward tiles and backward tiles (each for both of its paths),
 // and wgmma forward and backward tiles. The default build compiles the defaults;

@@ -202,9 +202,14 @@ Tensor Transformer::act(const Shape& shape) const {
 }
 
 attention::Problem Transformer::attention_problem(int64_t layer) const {
+  return attention_problem(layer, B_, T_, segment_ids_.defined());
+}
+
+attention::Problem Transformer::attention_problem(int64_t layer, int64_t batch, int64_t seq_len,
+                                                  bool with_segments) const {
   attention::Problem p;
-  p.batch = B_;
-  p.seq_len = T_;
+  p.batch = batch;
+  p.seq_len = seq_len;
   p.q_heads = config_.n_head;
   p.kv_heads = config_.n_kv_head;
   p.head_dim = config_.head_dim();
@@ -212,9 +217,42 @@ attention::Problem Transformer::attention_problem(int64_t layer) const {
   p.mask.causal = true;
   const bool global = attention_.global_every > 0 && (layer + 1) % attention_.global_every == 0;
   p.mask.window = global ? 0 : attention_.window;
-  p.mask.has_segments = segment_ids_.defined();
+  p.mask.has_segments = with_segments;
   p.deterministic = attention_.deterministic;
   return p;
+}
+
+const attention::KernelConfig* Transformer::flash_config(const attention::Problem& problem,
+                                                         attention::KernelConfig& storage) const {
+  if (!attention_.kernel_configs || device_ != Device::cuda ||
+      attention_.impl != attention::Impl::flash) {
+    return nullptr;
+  }
+  storage = attention::choose_kernel_config(attention_.kernel_configs.get(),
+                                            attention::DeviceLimits::current(), problem)
+                .config;
+  return &storage;
+}
+
+std::vector<attention::KernelConfigChoice> Transformer::flash_kernel_configs(
+    int64_t batch, int64_t seq_len, bool with_segments) const {
+  std::vector<attention::KernelConfigChoice> out;
+  if (device_ != Device::cuda || attention_.impl != attention::Impl::flash ||
+      compute_dtype_ != DType::bf16) {
+    return out;
+  }
+  const attention::DeviceLimits& device = attention::DeviceLimits::current();
+  for (int64_t l = 0; l < config_.n_layer; ++l) {
+    const attention::Problem p = attention_problem(l, batch, seq_len, with_segments);
+    const attention::MaskClass mask_class = attention::mask_class_of(p.mask);
+    const bool seen = std::any_of(out.begin(), out.end(),
+                                  [&](const auto& c) { return c.mask_class == mask_class; });
+    // Within a model only the mask class changes what is chosen and whether it can run.
+    if (!seen) {
+      out.push_back(attention::checked_kernel_config(attention_.kernel_configs.get(), device, p));
+    }
+  }
+  return out;
 }
 
 Transformer::NormWeights Transformer::norm_weights_reading(int64_t l) const {
@@ -295,7 +333,9 @@ void Transformer::layer_forward(int64_t l, const Tensor& x_in, Tensor& x_out, Kv
     cached_attention(l, c, *kv);
   } else {
     const attention::Problem problem = attention_problem(l);
-    c.att = attention::forward(attention_.impl, problem, c.q, c.k, c.v, segment_ids_);
+    attention::KernelConfig config;
+    c.att = attention::forward(attention_.impl, problem, c.q, c.k, c.v, segment_ids_,
+                               flash_config(problem, config));
   }
 
   Tensor proj = act({B, T, C});
@@ -487,8 +527,10 @@ void Transformer::layer_backward(int64_t l, Tensor& dresidual) {
   nn::linear_backward(datt, W.proj_w->grad, db_proj, dresidual, c.att.o.view({B, T, Hq * D}),
                       W.proj_w->compute);
   const attention::Problem problem = attention_problem(l);
-  attention::Gradients g = attention::backward(attention_.impl, problem, c.q, c.k, c.v, c.att,
-                                               datt.view({B, T, Hq, D}), segment_ids_);
+  attention::KernelConfig config;
+  attention::Gradients g =
+      attention::backward(attention_.impl, problem, c.q, c.k, c.v, c.att, datt.view({B, T, Hq, D}),
+                          segment_ids_, flash_config(problem, config));
   if (config_.rope()) {
     nn::rope_backward(g.dq, g.dq, rope_);
     nn::rope_backward(g.dk, g.dk, rope_);

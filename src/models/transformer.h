@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "attention/attention.h"
+#include "attention/kernel_config_file.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "models/config.h"
@@ -66,6 +67,10 @@ struct AttentionSettings {
   int64_t window = 0;          // sliding window (0: none)
   int64_t global_every = 0;    // with a window: every N-th layer attends fully (0: none)
   bool deterministic = false;  // the attention backward gives the same bits on every run
+  // Rows that the CUDA flash kernels take before the built-in table (a kernel-config file,
+  // attention/kernel_config_file.h) in every attention call; null: the built-in table. Only
+  // flash on the GPU reads them.
+  std::shared_ptr<const attention::KernelConfigFile> kernel_configs = nullptr;
 };
 
 // Called by backward() once per parameter, as soon as its gradient is complete, with the
@@ -112,6 +117,14 @@ class Transformer {
   // Inference only: backward() is refused after it.
   void forward_cached(const Tensor& tokens, KvCache& cache, const Tensor& segment_ids = {});
 
+  // The CUDA flash kernels' configuration for each mask class the layers run on micro-batches
+  // of batch x seq_len (with or without segment ids), from AttentionSettings::kernel_configs
+  // over the built-in table, each checked by can_implement: one that cannot run is an ft::Error
+  // naming where it came from. Empty when no configuration applies (not flash on the GPU, or
+  // fp32, whose kernels are fixed).
+  std::vector<attention::KernelConfigChoice> flash_kernel_configs(int64_t batch, int64_t seq_len,
+                                                                  bool with_segments) const;
+
   // Bytes the attention of all layers kept from the last forward for backward (its lse and
   // saved tensors): naive's S x S probabilities and log-sum-exp rows, flash's log-sum-exp rows
   // and, with segment ids, their chunk summary (0 before any forward).
@@ -156,7 +169,13 @@ class Transformer {
   void cached_attention(int64_t l, LayerCache& c, KvCache& kv);
   // dresidual: d loss / d x_out on entry, d loss / d x_in on return (updated in place).
   void layer_backward(int64_t l, Tensor& dresidual);
-  attention::Problem attention_problem(int64_t layer) const;
+  attention::Problem attention_problem(int64_t layer) const;  // of the last forward's batch
+  attention::Problem attention_problem(int64_t layer, int64_t batch, int64_t seq_len,
+                                       bool with_segments) const;
+  // The configuration of the kernel-config file for a problem (null without a file, or when
+  // the call is not flash on the GPU: the attention library then takes the device's default).
+  const attention::KernelConfig* flash_config(const attention::Problem& problem,
+                                              attention::KernelConfig& storage) const;
   Tensor act(const Shape& shape) const;  // a compute-dtype activation buffer
   // The norm that reads residual_[l]: layer l's norm1, or the final norm for l = n_layer.
   NormWeights norm_weights_reading(int64_t l) const;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <ctime>
 #include <sstream>
 
 #include "core/atomic_file.h"
@@ -284,6 +285,18 @@ void write_json(const std::string& path, const SweepHeader& header,
   json out = {{"header", header_to_json(header)}, {"rows", json::array()}};
   for (const SweepRow& r : rows) out["rows"].push_back(row_to_json(r));
   write_file_atomically(path, out.dump(2) + "\n");
+}
+
+size_t write_kernel_config_file(const std::string& path, const SweepHeader& header,
+                                const std::vector<SweepRow>& rows) {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  const json file = kernel_config_file_json(header, rows, date);
+  write_file_atomically(path, file.dump(2) + "\n");
+  return file["rows"].size();
 }
 
 // ---- CSV ----

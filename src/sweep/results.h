@@ -1,6 +1,6 @@
 // The sweep's rows and what is made of them: the text table (one per mask), JSON and CSV for
-// tools, and --emit-defaults' lines for the default-config table. Rows travel from the worker
-// processes to the parent as the same JSON (row_to_json / row_from_json).
+// tools, --emit-defaults' lines for the default-config table and --emit-kernel-config's file. Rows
+// travel from the worker processes to the parent as the same JSON (row_to_json / row_from_json).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -124,5 +124,15 @@ const SweepRow* fastest_correct(const std::vector<SweepRow>& rows, const std::st
 // Per mask, a comment naming what was measured and a line in the format of kDefaults in
 // src/attention/kernel_config.cpp: {"sm90", 256, "fwd=128x64/128 bwd=64x128/256/double"},
 std::string emit_defaults(const SweepHeader& header, const std::vector<SweepRow>& rows);
+
+// --emit-kernel-config: a kernel-config file (attention/kernel_config_file.h) with, per mask,
+// the fastest correct row for the first GPU's family, its bound the measured head dim, and what
+// was measured; the header's facts are its "source". `date` is the caller's (UTC, ISO 8601),
+// so that the text is reproducible. Masks without a qualifying row give no row.
+nlohmann::json kernel_config_file_json(const SweepHeader& header, const std::vector<SweepRow>& rows,
+                                       const std::string& date);
+// Writes it atomically, dated now; returns the number of rows written.
+size_t write_kernel_config_file(const std::string& path, const SweepHeader& header,
+                                const std::vector<SweepRow>& rows);
 
 }  // namespace ft::sweep

@@ -44,6 +44,8 @@ void SweepOptions::validate() const {
   if (!arch.empty()) (void)DeviceLimits::for_arch(arch);
   FT_CHECK(worker_timeout_s > 0, "--worker-timeout ", worker_timeout_s, ": must be positive");
   FT_CHECK(max_input_sets >= 1, "--max-input-sets ", max_input_sets, ": must be at least 1");
+  FT_CHECK(kernel_config_path.empty() || !dry_run, "--emit-kernel-config ", kernel_config_path,
+           ": a --dry-run times nothing, so there is no fastest correct configuration to write");
 }
 
 std::vector<GpuFacts> sweep_gpus(const SweepOptions& opt) {
@@ -387,6 +389,13 @@ int run_sweep(const SweepOptions& opt, const std::string& self, std::ostream& ou
     write_outputs(opt, h, rows);
   }
   if (opt.emit_defaults) out << "\n" << emit_defaults(h, rows);
+  if (!opt.kernel_config_path.empty()) {
+    const size_t written = write_kernel_config_file(opt.kernel_config_path, h, rows);
+    out << "\nkernel config file " << opt.kernel_config_path << ": " << written << " row"
+        << (written == 1 ? "" : "s")
+        << (written == 0 ? " (no configuration passed the check and was timed)" : "")
+        << "; train with it: flashtrain train --kernel-config " << opt.kernel_config_path << "\n";
+  }
   return 0;
 }
 

@@ -35,6 +35,7 @@ struct SweepOptions {
   std::string arch;  // --dry-run without a GPU: the architecture to judge for
   std::string json_path, csv_path;
   bool emit_defaults = false;
+  std::string kernel_config_path;  // --emit-kernel-config: the winners as a kernel-config file
   double worker_timeout_s = 600.0;
   int max_input_sets = 16;
   uint64_t seed = 1234;

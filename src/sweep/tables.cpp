@@ -1,10 +1,12 @@
-// The text table of a sweep, its summary and --emit-defaults (declared in results.h).
+// The text table of a sweep, its summary, --emit-defaults and --emit-kernel-config's rows
+// (declared in results.h).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <set>
 #include <sstream>
 
+#include "attention/kernel_config_file.h"
 #include "sweep/candidates.h"
 #include "sweep/results.h"
 
@@ -252,6 +254,16 @@ const SweepRow* fastest_correct(const std::vector<SweepRow>& rows, const std::st
   });
 }
 
+namespace {
+
+// The sweep's pure causal mask is dense; its window / segments mask is local (sweep_masks()
+// gives at most one of each).
+attention::MaskClass mask_class_of_key(const std::string& key) {
+  return key == "causal" ? attention::MaskClass::dense : attention::MaskClass::local;
+}
+
+}  // namespace
+
 std::string emit_defaults(const SweepHeader& h, const std::vector<SweepRow>& rows) {
   std::ostringstream os;
   const GpuFacts gpu = h.gpus.empty() ? GpuFacts{} : h.gpus.front();
@@ -270,12 +282,54 @@ std::string emit_defaults(const SweepHeader& h, const std::vector<SweepRow>& row
     os << fixed(best->total_ms(), 3) << " ms, " << fixed(best->vs_ref(), 2) << "x the reference"
        << (best->config == mask.default_config.value_or(h.base) ? "; the default already" : "")
        << "\n";
-    // The sweep's pure causal mask is dense; its window / segments mask is local.
-    const char* mask_class = mask.key == "causal" ? "dense" : "local";
-    os << "{\"" << family << "\", 256, MaskClass::" << mask_class << ", \"" << best->config.str()
-       << "\"},\n";
+    os << "{\"" << family
+       << "\", 256, MaskClass::" << attention::mask_class_name(mask_class_of_key(mask.key))
+       << ", \"" << best->config.str() << "\"},\n";
   }
   return os.str();
+}
+
+nlohmann::json kernel_config_file_json(const SweepHeader& h, const std::vector<SweepRow>& rows,
+                                       const std::string& date) {
+  using nlohmann::json;
+  const GpuFacts gpu = h.gpus.empty() ? GpuFacts{} : h.gpus.front();
+  const std::string family = attention::arch_family(gpu.compute_capability);
+  json out_rows = json::array();
+  for (const MaskFacts& mask : h.masks) {
+    const SweepRow* best = fastest_correct(rows, mask.key);
+    if (best == nullptr) continue;
+    const attention::KernelConfig mask_default = mask.default_config.value_or(h.base);
+    out_rows.push_back({{"arch", family},
+                        {"max_head_dim", h.shape.head_dim},
+                        {"mask", attention::mask_class_name(mask_class_of_key(mask.key))},
+                        {"config", best->config.str()},
+                        {"measured",
+                         {{"mask", mask.description},
+                          {"fwd_ms", best->timing.fwd.median_ms},
+                          {"bwd_ms", best->timing.bwd.median_ms},
+                          {"total_ms", best->total_ms()},
+                          {"spread", best->timing.spread()},
+                          {"vs_ref", best->vs_ref()},
+                          {"default_config", mask_default.str()},
+                          {"is_default", best->config == mask_default}}}});
+  }
+  return {{"format", attention::kKernelConfigFormat},
+          {"version", attention::kKernelConfigVersion},
+          {"note", str("the fastest correct configuration per mask of `flashtrain sweep`; each "
+                       "row covers head dims up to the one measured (D=",
+                       h.shape.head_dim, ")")},
+          {"source",
+           {{"tool", "flashtrain sweep"},
+            {"date", date},
+            {"gpu", gpu.name},
+            {"arch", gpu.arch},
+            {"gpus", h.gpus.size()},
+            {"shape", h.shape.describe()},
+            {"axis", h.axis},
+            {"paths", h.paths},
+            {"rounds", h.rounds},
+            {"sweep_kernels_compiled", h.sweep_kernels_compiled}}},
+          {"rows", out_rows}};
 }
 
 }  // namespace ft::sweep

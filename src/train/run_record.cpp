@@ -13,11 +13,16 @@ namespace {
 using nlohmann::json;
 
 // Declared safe: the same computation by another implementation, on another device, with
-// another summation order (deterministic), or spread over another number of ranks (the same
-// micro-batches per step: sums in another order).
-const std::set<std::string> kSafe = {"attention", "device", "deterministic", "world_size", "zero"};
-// What a record without the key means (records of one process leave these out).
-const std::map<std::string, json> kImplied = {{"world_size", 1}, {"zero", 0}};
+// another summation order (deterministic, or other kernel tiles: kernel_config and the
+// configurations it gave), or spread over another number of ranks (the same micro-batches per
+// step: sums in another order).
+const std::set<std::string> kSafe = {"attention",     "device",         "deterministic",
+                                     "kernel_config", "kernel_configs", "world_size",
+                                     "zero"};
+// What a record without the key means (records of one process leave world_size and zero out,
+// runs without --kernel-config the kernel configurations).
+const std::map<std::string, json> kImplied = {
+    {"world_size", 1}, {"zero", 0}, {"kernel_config", "built-in"}, {"kernel_configs", "built-in"}};
 
 json implied(const json& record, const std::string& key) {
   if (record.contains(key)) return record.at(key);
@@ -153,13 +158,14 @@ std::vector<std::string> check_resume(const json& saved, const json& now, int64_
   }
   if (!refused.empty()) {
     for (const std::string& line : schedule_changes) refused.push_back(line);
-    throw Error(str(state_path,
-                    ": written for a different run; --resume refuses what would "
-                    "change its losses (saved -> now): ",
-                    join(refused, ", "),
-                    ". Safe to change: --attention, --device, --deterministic, the number of "
-                    "ranks and --zero, and --steps under a schedule that keeps the learning "
-                    "rates of the steps already run"));
+    throw Error(
+        str(state_path,
+            ": written for a different run; --resume refuses what would "
+            "change its losses (saved -> now): ",
+            join(refused, ", "),
+            ". Safe to change: --attention, --device, --deterministic, --kernel-config, the "
+            "number of ranks and --zero, and --steps under a schedule that keeps the "
+            "learning rates of the steps already run"));
   }
   return accepted;
 }

@@ -3,11 +3,13 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <memory>
 #include <new>
 #include <optional>
 #include <ostream>
 #include <vector>
 
+#include "attention/kernel_config_file.h"
 #include "core/device.h"
 #include "core/error.h"
 #include "core/memory.h"
@@ -104,6 +106,31 @@ void check_config(const TrainConfig& c, const models::ModelConfig& m, int ranks)
   FT_CHECK(c.zero_stage == 0 || c.zero_stage == 1, "--zero must be 0 (off) or 1, got ",
            c.zero_stage);
   accumulation_steps(c, ranks);
+}
+
+// The run's attention settings, with the kernel-config file read and checked (before any work).
+models::AttentionSettings attention_settings(const TrainConfig& c) {
+  models::AttentionSettings s = c.attention;
+  if (!c.kernel_config_path.empty()) {
+    s.kernel_configs = std::make_shared<const attention::KernelConfigFile>(
+        attention::read_kernel_config_file(c.kernel_config_path));
+  }
+  // As `flashtrain attention --config`: a setting that nothing would read is refused.
+  FT_CHECK(!s.kernel_configs || (c.device == Device::cuda && s.impl == attention::Impl::flash),
+           "--kernel-config ", s.kernel_configs ? s.kernel_configs->path : "",
+           " sets the CUDA flash kernels' configurations: it needs --attention flash on a GPU "
+           "(this run: ",
+           attention::impl_name(s.impl), " attention on ", device_name(c.device), ")");
+  return s;
+}
+
+// The configuration of each mask class, as the run record and the log keep them.
+nlohmann::json kernel_configs_json(const std::vector<attention::KernelConfigChoice>& kernels) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const attention::KernelConfigChoice& k : kernels) {
+    out[attention::mask_class_name(k.mask_class)] = k.config.str();
+  }
+  return out;
 }
 
 // The end-of-text id that --doc-mask splits documents at: the tokenizer file's (llm.c's shards
@@ -242,6 +269,7 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
   comm.barrier();
   const models::ModelConfig mc = resolve_model_config(c);
   check_config(c, mc, ranks);
+  const models::AttentionSettings run_attention = attention_settings(c);
   FT_CHECK(c.zero_stage == 0 || distributed,
            "--zero 1 shards the optimizer state over the ranks of a data-parallel job; this run "
            "has none (start it with mpirun, or pass --dist mpi or nccl for a world of one)");
@@ -276,8 +304,14 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
   if (c.doc_mask) eot = doc_mask_eot_token(c, mc);
 
   // Buckets of the layout split into equal, aligned chunks per rank (ZeRO-1).
-  models::Transformer model(mc, c.dtype, c.attention, c.device,
+  models::Transformer model(mc, c.dtype, run_attention, c.device,
                             models::kParameterAlignment * ranks);
+  // Every configuration the file gives is checked now: one that cannot run is an error at the
+  // start, naming its row, not in step 1.
+  const std::vector<attention::KernelConfigChoice> kernels =
+      run_attention.kernel_configs
+          ? model.flash_kernel_configs(c.batch_size, c.seq_len, eot.has_value())
+          : std::vector<attention::KernelConfigChoice>();
   if (!c.load_path.empty()) {
     models::load_checkpoint(c.load_path, model);
   } else {
@@ -286,6 +320,10 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
   nlohmann::json record = make_run_record(c, mc, accum, train_loader, val_loader.get());
   if (ranks > 1) record["world_size"] = ranks;
   if (c.zero_stage > 0) record["zero"] = c.zero_stage;
+  if (run_attention.kernel_configs) {
+    record["kernel_config"] = run_attention.kernel_configs->path;
+    record["kernel_configs"] = kernel_configs_json(kernels);
+  }
   check_same_run(comm, record);
   DataParallelConfig dp_config;
   dp_config.zero_stage = c.zero_stage;
@@ -336,6 +374,17 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
         << "           " << dp.describe_buckets() << "\n";
     if (dp.sharded()) out << "ZeRO-1:    " << dp.describe_sharding() << "\n";
   }
+  if (run_attention.kernel_configs) {
+    out << "kernels:   --kernel-config " << run_attention.kernel_configs->path;
+    if (kernels.empty()) {
+      out << " is not used: the " << dtype_name(c.dtype) << " flash kernels are fixed";
+    }
+    out << "\n";
+    for (const attention::KernelConfigChoice& k : kernels) {
+      out << "           " << attention::mask_class_name(k.mask_class)
+          << " masks: " << k.config.str() << " (" << k.origin() << ")\n";
+    }
+  }
   for (const std::string& note : notes) out << "note:      " << note << "\n";
   out.flush();
 
@@ -360,6 +409,10 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
                                 {"tokens_per_step", tokens_per_step},
                                 {"steps", c.steps},
                                 {"seed", c.seed}};
+    if (run_attention.kernel_configs) {
+      run_event["kernel_config"] = run_attention.kernel_configs->path;
+      run_event["kernel_configs"] = kernel_configs_json(kernels);
+    }
     if (distributed) {
       run_event["world_size"] = ranks;
       run_event["dist"] = dist::backend_name(comm.backend());

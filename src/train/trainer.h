@@ -44,6 +44,9 @@ struct TrainConfig {
   Device device = Device::cpu;
   bool tf32 = false;  // let fp32 GEMMs on the GPU use TF32 tensor cores
   models::AttentionSettings attention;
+  // A kernel-config file (attention/kernel_config_file.h) whose rows the CUDA flash kernels take
+  // before the built-in table (flash on the GPU only); "" for none.
+  std::string kernel_config_path;
   // Attention stays inside each document of a packed row: segment ids from the tokenizer's
   // end-of-text token (train/documents.h), for training, evaluation and samples.
   bool doc_mask = false;

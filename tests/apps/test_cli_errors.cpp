@@ -163,6 +163,50 @@ TEST(CliErrors, AttentionChecksInputsAndOutputsBeforeComputing) {
             0.0);
 }
 
+// --kernel-config: a bad file is refused naming its row and field, before what the other flags
+// say is judged; a good one where no configurable kernel runs (the CPU, naive attention) is
+// refused as `attention --config` is there.
+TEST(CliErrors, KernelConfigFilesAreCheckedFirst) {
+  test::TempDir dir;
+  const std::string bad = dir.file("bad.json"), good = dir.file("good.json");
+  const std::string head = R"({"format": "flashtrain-kernel-config", "version": 1, "rows": [)";
+  std::ofstream(bad) << head
+                     << R"({"arch": "sm90", "max_head_dim": 128, "mask": "sparse", )"
+                        R"("config": "fwd=64x64/128 bwd=64x64/128/double"}]})";
+  std::ofstream(good) << head
+                      << R"({"arch": "sm90", "max_head_dim": 128, "mask": "local", )"
+                         R"("config": "fwd=64x64/128 bwd=64x64/128/double"}]})";
+  const std::string bad_mask = "kernel config file " + bad + R"(: rows[0]: "mask": expected)";
+  Tensor q = Tensor::empty({1, 8, 2, 8}, DType::f32);
+  for (int64_t i = 0; i < q.numel(); ++i) q.data<float>()[i] = 0.1f * static_cast<float>(i % 5);
+  npy::save(dir.file("q.npy"), q);
+  const std::string qkv = "--q '" + dir.file("q.npy") + "' --k '" + dir.file("q.npy") + "' --v '" +
+                          dir.file("q.npy") + "' --out-dir '" + dir.file("out") + "' ";
+  expect_one_error_line("attention " + qkv + "--kernel-config '" + bad + "'", bad_mask);
+  expect_one_error_line("attention " + qkv + "--device cuda --kernel-config '" + bad + "'",
+                        bad_mask);
+  expect_one_error_line("attention " + qkv + "--kernel-config '" + dir.file("none.json") + "'",
+                        "kernel config file " + dir.file("none.json") + ": no such file");
+  expect_one_error_line("attention " + qkv + "--kernel-config '" + good + "'",
+                        "--kernel-config " + good +
+                            " sets the CUDA flash kernels' tiles: it needs --impl flash "
+                            "--device cuda");
+  EXPECT_FALSE(fs::exists(dir.file("out")));
+
+  expect_one_error_line("train " + kQuick + "--steps 1 --kernel-config '" + bad + "'", bad_mask);
+  expect_one_error_line("train " + kQuick + "--steps 1 --kernel-config '" + good + "'",
+                        "--kernel-config " + good +
+                            " sets the CUDA flash kernels' configurations: it needs --attention "
+                            "flash on a GPU (this run: naive attention on cpu)");
+  expect_one_error_line(
+      "train " + kQuick + "--steps 1 --attention flash --kernel-config '" + good + "'",
+      "(this run: flash attention on cpu)");
+  for (const char* command : {"train", "attention"}) {
+    const test::CommandResult help = test::run_cli(std::string(command) + " --help");
+    EXPECT_NE(help.output.find("--kernel-config"), std::string::npos) << help.output;
+  }
+}
+
 TEST(CliErrors, OtherCommandsRangeCheckTheirFlags) {
   expect_one_error_line(
       "compare-loss tests/fixtures/report/ours_base tests/fixtures/report/ours_flash "

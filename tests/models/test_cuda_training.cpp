@@ -1,12 +1,17 @@
 // Training steps on the GPU against the CPU: the same model, weights and batch must give the
 // same loss and gradients (fp32: 1e-5 relative), and the same losses after AdamW updates, with
-// and without document segment ids.
+// and without document segment ids; a kernel-config file's rows reach the flash kernels.
 // Skips without CUDA or a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <memory>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
+#include "attention/kernel_config_file.h"
 #include "core/device.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -211,6 +216,93 @@ TEST(CudaTrainer, FlashTrainsBitIdenticallyInDeterministicMode) {
   EXPECT_EQ(a.losses, b.losses);
   EXPECT_EQ(a.losses, d.losses);
   EXPECT_LT(a.losses.back(), a.losses.front());
+}
+
+// A kernel-config file reaches every attention call: its row is what flash_kernel_configs()
+// reports and what the kernels run (an unchecked row that can_implement refuses fails the
+// forward, named), a runnable row trains as the built-in one does (bf16, within rounding), and
+// train() prints and logs the configuration of each mask class.
+TEST(CudaKernelConfigFile, RowsReachTheFlashKernels) {
+  REQUIRE_GPU();
+  const ModelConfig config = small("gpt2-tiny", 32);
+  const std::string family =
+      attention::arch_family(attention::DeviceLimits::current().compute_capability);
+  const auto text = [&](const std::string& kernel_config) {
+    return str(R"({"format": "flashtrain-kernel-config", "version": 1, "rows": [{"arch": ")",
+               family, R"(", "max_head_dim": 32, "mask": "dense", "config": ")", kernel_config,
+               R"("}]})");
+  };
+  const auto file = [&](const std::string& kernel_config) {
+    return std::make_shared<const attention::KernelConfigFile>(
+        attention::parse_kernel_config_file(text(kernel_config), "k.json"));
+  };
+  Rng rng(5);
+  const Tensor x = random_tokens(2, 48, config.vocab_size, rng);
+  const Tensor y = random_tokens(2, 48, config.vocab_size, rng);
+  const AttentionSettings builtin{attention::Impl::flash, 0, 0};
+  Transformer reference(config, DType::bf16, builtin, Device::cuda);
+  reference.init_weights(3);
+  const double l_ref = reference.forward(x, y);
+
+  AttentionSettings tuned = builtin;
+  tuned.kernel_configs = file("fwd=64x64/128 bwd=64x64/128/double");
+  Transformer model(config, DType::bf16, tuned, Device::cuda);
+  model.init_weights(3);
+  const std::vector<attention::KernelConfigChoice> dense = model.flash_kernel_configs(2, 48, false);
+  ASSERT_EQ(dense.size(), 1u);
+  EXPECT_EQ(dense[0].config.str(), "fwd=64x64/128 bwd=64x64/128/double");
+  EXPECT_EQ(dense[0].row, &tuned.kernel_configs->rows[0]);
+  EXPECT_NEAR(model.forward(x, y), l_ref, 1e-2 * l_ref);
+  model.backward(1.0);
+  // With segment ids every layer is local: the file has no local row, the built-in table decides.
+  const std::vector<attention::KernelConfigChoice> local = model.flash_kernel_configs(2, 48, true);
+  ASSERT_EQ(local.size(), 1u);
+  EXPECT_EQ(local[0].row, nullptr);
+
+  AttentionSettings broken = builtin;
+  broken.kernel_configs = file("fwd=64x64/256 bwd=64x64/128/double");  // 8 warps, 64 rows
+  Transformer bad(config, DType::bf16, broken, Device::cuda);
+  bad.init_weights(3);
+  try {
+    bad.flash_kernel_configs(2, 48, false);
+    ADD_FAILURE() << "a row can_implement refuses was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("kernel config file k.json, rows[0]"), std::string::npos)
+        << e.what();
+  }
+  try {
+    bad.forward(x, y);
+    ADD_FAILURE() << "the forward did not run the file's configuration";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fwd=64x64/256"), std::string::npos) << e.what();
+  }
+
+  test::TempDir dir;
+  { std::ofstream(dir.file("k.json")) << text("fwd=64x64/128 bwd=64x64/128/double"); }
+  train::TrainConfig c;
+  c.model = "gpt2-tiny";
+  c.train_data = test::source_path("data/tinyshakespeare_train.bin");
+  c.val_data.clear();
+  c.device = Device::cuda;
+  c.dtype = DType::bf16;
+  c.attention.impl = attention::Impl::flash;
+  c.kernel_config_path = dir.file("k.json");
+  c.steps = 2;
+  c.sample_tokens = 0;
+  c.log_path = dir.file("log.jsonl");
+  std::ostringstream out;
+  train::train(c, out);
+  EXPECT_NE(out.str().find("kernels:   --kernel-config " + c.kernel_config_path), std::string::npos)
+      << out.str();
+  EXPECT_NE(out.str().find("dense masks: fwd=64x64/128 bwd=64x64/128/double (kernel config file "),
+            std::string::npos)
+      << out.str();
+  std::ifstream log(c.log_path);
+  std::string first;
+  std::getline(log, first);
+  const nlohmann::json run = nlohmann::json::parse(first);
+  EXPECT_EQ(run["kernel_config"], c.kernel_config_path);
+  EXPECT_EQ(run["kernel_configs"]["dense"], "fwd=64x64/128 bwd=64x64/128/double");
 }
 
 // A naive baseline that does not fit must leave a log that says so (the study's compare-loss

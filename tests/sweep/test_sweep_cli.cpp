@@ -34,11 +34,11 @@ TEST(SweepCli, HelpNamesTheFlags) {
   const test::CommandResult r = test::run_cli("sweep --help");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const char* flag :
-       {"--batch",          "--seq-len",   "--q-heads",      "--kv-heads",      "--head-dim",
-        "--sliding-window", "--documents", "--sweep",        "--backward-path", "--all-paths",
-        "--warmup",         "--iters",     "--rounds",       "--time-failing",  "--shard",
-        "--num-shards",     "--device",    "--gpus",         "--dry-run",       "--arch",
-        "--json",           "--csv",       "--emit-defaults"}) {
+       {"--batch",          "--seq-len",   "--q-heads",       "--kv-heads",          "--head-dim",
+        "--sliding-window", "--documents", "--sweep",         "--backward-path",     "--all-paths",
+        "--warmup",         "--iters",     "--rounds",        "--time-failing",      "--shard",
+        "--num-shards",     "--device",    "--gpus",          "--dry-run",           "--arch",
+        "--json",           "--csv",       "--emit-defaults", "--emit-kernel-config"}) {
     EXPECT_NE(r.output.find(flag), std::string::npos) << flag;
   }
   EXPECT_EQ(r.output.find("--worker "), std::string::npos) << "internal flag shown";
@@ -146,6 +146,8 @@ TEST(SweepCli, BadFlagsFailClearly) {
       {"sweep --dry-run --arch sm90 --gpus some", "--gpus 'some'"},
       {"sweep --arch sm90", "--dry-run"},
       {"sweep --dry-run --arch sm90 --rounds 0", "--rounds 0"},
+      {"sweep --dry-run --arch sm90 --emit-kernel-config k.json",
+       "--emit-kernel-config k.json: a --dry-run times nothing"},
   };
   for (const auto& c : cases) {
     const test::CommandResult r = test::run_cli(c.args);

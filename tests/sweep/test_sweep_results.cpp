@@ -1,6 +1,6 @@
 // The sweep's verdicts and outputs on synthetic data: allclose and the 2x-naive bound (NaN
-// never passes), timing summaries, JSON and CSV writers, the table and --emit-defaults' choice
-// of the fastest correct row.
+// never passes), timing summaries, JSON and CSV writers, the table, --emit-defaults' choice
+// of the fastest correct row and --emit-kernel-config's file.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,9 +10,11 @@
 #include <sstream>
 #include <string>
 
+#include "attention/kernel_config_file.h"
 #include "core/rng.h"
 #include "sweep/check.h"
 #include "sweep/results.h"
+#include "sweep/shapes.h"
 #include "test_util.h"
 
 namespace ft::sweep {
@@ -250,6 +252,65 @@ TEST(SweepResults, EmitDefaultsWritesAKDefaultsRow) {
   const std::string empty = emit_defaults(none.header, none.rows);
   EXPECT_FALSE(std::regex_search(empty, m, row)) << empty;
   EXPECT_NE(empty.find("no configuration passed"), std::string::npos);
+}
+
+// --emit-kernel-config's file reads back as a kernel-config file: per mask the winner, for the
+// GPU's family, bounded by the measured head dim; the lookup then gives it for the sweep's own
+// masks, and training takes it from there.
+TEST(SweepResults, EmitKernelConfigRoundTrips) {
+  Synthetic s = synthetic();
+  MaskFacts causal;
+  causal.key = "causal";
+  causal.description = "causal";
+  causal.default_config = KernelConfig::parse("fwd=128x64/128 bwd=64x128/256/double");
+  s.header.masks.push_back(causal);
+  s.rows.push_back(timed_row("causal", -1, "fwd=64x64/128 bwd=64x64/128/double", 4, 16, true));
+  s.rows.push_back(timed_row("causal", 0, "fwd=128x64/128 bwd=64x128/256/double", 3, 12, true));
+  const nlohmann::json j = kernel_config_file_json(s.header, s.rows, "2026-12-02T10:00:00Z");
+  EXPECT_EQ(j["source"]["gpu"], "NVIDIA H200");
+  EXPECT_EQ(j["source"]["date"], "2026-12-02T10:00:00Z");
+  EXPECT_EQ(j["source"]["shape"], s.header.shape.describe());
+  ASSERT_EQ(j["rows"].size(), 2u);
+  EXPECT_DOUBLE_EQ(j["rows"][0]["measured"]["total_ms"].get<double>(), 8.0);
+  EXPECT_EQ(j["rows"][0]["measured"]["is_default"], false);
+  EXPECT_EQ(j["rows"][1]["measured"]["is_default"], true);
+
+  const attention::KernelConfigFile f = attention::parse_kernel_config_file(j.dump(2), "k.json");
+  ASSERT_EQ(f.rows.size(), 2u);
+  EXPECT_EQ(f.rows[0].arch, "sm90");
+  EXPECT_EQ(f.rows[0].max_head_dim, s.header.shape.head_dim);
+  EXPECT_EQ(f.rows[0].mask_class, attention::MaskClass::local);
+  EXPECT_EQ(f.rows[0].config.str(), "fwd=64x64/128 bwd=64x128/256/double");
+  EXPECT_EQ(f.rows[1].mask_class, attention::MaskClass::dense);
+  EXPECT_EQ(f.rows[1].config.str(), "fwd=128x64/128 bwd=64x128/256/double");
+  const attention::DeviceLimits sm90 = attention::DeviceLimits::for_arch("sm90");
+  const std::vector<SweepMask> masks = sweep_masks(s.header.shape);
+  ASSERT_EQ(masks.size(), 2u);
+  EXPECT_EQ(masks[0].key, "window");
+  for (size_t m = 0; m < masks.size(); ++m) {
+    const attention::KernelConfigChoice c =
+        attention::choose_kernel_config(&f, sm90, timed_problem(s.header.shape, masks[m]));
+    EXPECT_EQ(c.row, &f.rows[m]) << masks[m].key;
+  }
+
+  // Written atomically (and dated) by the sweep; read back the same.
+  test::TempDir dir;
+  EXPECT_EQ(write_kernel_config_file(dir.file("k.json"), s.header, s.rows), 2u);
+  const attention::KernelConfigFile read = attention::read_kernel_config_file(dir.file("k.json"));
+  ASSERT_EQ(read.rows.size(), 2u);
+  EXPECT_EQ(read.rows[0].config, f.rows[0].config);
+  EXPECT_EQ(read.rows[1].config, f.rows[1].config);
+  std::ifstream in(dir.file("k.json"));
+  const nlohmann::json written = nlohmann::json::parse(in);
+  EXPECT_TRUE(std::regex_match(written["source"]["date"].get<std::string>(),
+                               std::regex(R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)")))
+      << written["source"]["date"];
+
+  // No qualifying row: a valid file without rows (the built-in table then decides).
+  Synthetic none = synthetic();
+  none.rows.erase(none.rows.begin(), none.rows.begin() + 3);
+  const nlohmann::json empty = kernel_config_file_json(none.header, none.rows, "d");
+  EXPECT_TRUE(attention::parse_kernel_config_file(empty.dump(), "e.json").rows.empty());
 }
 
 TEST(SweepResults, TableReadsVerdictFirstAndMarksTimedFailures) {

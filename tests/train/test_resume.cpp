@@ -91,6 +91,30 @@ TEST(RunRecord, AcceptsTheDeclaredSafeChanges) {
   EXPECT_TRUE(check_resume(saved, saved, 10, false, "s").empty());
 }
 
+// Another kernel-config file, or none, changes only the kernels' tiles (the order of the sums):
+// accepted and listed, as --deterministic is. A record without the keys ran the built-in table.
+TEST(RunRecord, KernelConfigIsASafeChange) {
+  const json saved = record();
+  EXPECT_FALSE(saved.contains("kernel_config"));
+  json now = saved;
+  now["kernel_config"] = "tuned.json";
+  now["kernel_configs"] = {{"dense", "fwd=128x64/128 bwd=64x128/256/double"}};
+  const std::vector<std::string> changes = check_resume(saved, now, 10, false, "s");
+  ASSERT_EQ(changes.size(), 2u);
+  EXPECT_EQ(changes[0], "kernel_config: built-in -> tuned.json");
+  EXPECT_EQ(changes[1],
+            R"(kernel_configs: built-in -> {"dense":"fwd=128x64/128 bwd=64x128/256/double"})");
+  // And back: resuming without the flag.
+  const std::vector<std::string> back = check_resume(now, saved, 10, false, "s");
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[0], "kernel_config: tuned.json -> built-in");
+  EXPECT_TRUE(check_resume(now, now, 10, false, "s").empty());
+  // The refusal names it among the safe changes.
+  json other = now;
+  other["seed"] = 2;
+  EXPECT_NE(refusal(now, other, 10).find("--kernel-config"), std::string::npos);
+}
+
 TEST(RunRecord, MoreStepsOnlyWhenTheRatesSoFarStayOrTheChangeIsAllowed) {
   const json saved = record();  // cosine over 20 steps, warm-up 5
   json longer = saved;
