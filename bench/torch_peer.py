@@ -65,6 +65,8 @@ ROWS = [
 # Rows whose work is FLOPs (the others count bytes, which the peer does not report).
 FLOP_ROWS = {"gemm qkv", "attention forward", "attention backward", "gemm attn-out",
              "gemm mlp-up", "gemm mlp-down", "gemm classifier"}
+# Rows of host or network transfers: no floor, as in flashtrain's table.
+TRANSFER_ROWS = {"data", "all-reduce"}
 # What the backward of a forward row is counted as (the rest keep their row).
 BACKWARD_ROW = {"attention forward": "attention backward"}
 # Ops and kernels outside every labelled region, by a piece of their (lower-cased) name; the
@@ -437,7 +439,7 @@ def profile_step(train_step, args, step, synchronize):
                "work": work, "unit": "flop" if name in FLOP_ROWS else "bytes",
                "achieved_per_s": work / (ms / 1000.0) if work and ms > 0 else None,
                "floor_per_s": None, "floor_ms": None}
-        if floors is not None:
+        if floors is not None and name not in TRANSFER_ROWS:
             rate = matrix * 1e12 if name in FLOP_ROWS else floors["copy_gbps"] * 1e9
             row["floor_per_s"] = rate
             row["floor_ms"] = 1000.0 * work / rate if work else None
