@@ -1,7 +1,7 @@
 // The step profile: the row list (one list, shared with bench/torch_peer.py), regions on the
-// CPU clock, the table and its floors, and profiled training runs: every family the model uses
-// is there with times that add up to at most the step, and the losses are the unprofiled run's
-// bit for bit.
+// CPU clock, the table and its floors, and profiled training runs on the CPU (and on a GPU,
+// skipped without one): every family the model uses is there with times that add up to at most
+// the step, and the losses are the unprofiled run's bit for bit.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "models/step_profile.h"
 #include "test_util.h"
@@ -232,50 +233,75 @@ std::vector<std::string> expected_rows(const std::string& model) {
   return rows;
 }
 
+// Trains c without and with --profile: the same losses bit for bit, and every family the model
+// runs in the table and the log, with times that add up to at most the step. floors: whether
+// the device has them (the H200), so that its flop and bytes rows name one.
+void check_profiled_run(TrainConfig c, bool floors) {
+  test::TempDir dir;
+  std::ostringstream plain_out;
+  const TrainSummary plain = train(c, plain_out);
+  c.profile_step = 0;  // the default: step 3
+  c.log_path = dir.file("run.jsonl");
+  std::ostringstream out;
+  const TrainSummary profiled = train(c, out);
+  EXPECT_EQ(profiled.losses, plain.losses);  // bit for bit
+  EXPECT_EQ(plain_out.str().find("step profile"), std::string::npos);
+  EXPECT_NE(out.str().find(str("step profile: step 3, ", c.model, " on ", device_name(c.device))),
+            std::string::npos)
+      << out.str();
+
+  const nlohmann::json j = profile_event(c.log_path);
+  ASSERT_FALSE(j.is_null()) << "no profile event in the log";
+  EXPECT_EQ(j["step"], 3);
+  std::vector<std::string> rows;
+  double sum = 0.0, step_ms = 0.0;
+  for (const nlohmann::json& row : j["rows"]) {
+    const std::string name = row["region"];
+    rows.push_back(name);
+    const double ms = row["ms"];
+    EXPECT_GE(ms, 0.0) << name;
+    EXPECT_NE(out.str().find("\n" + name + " "), std::string::npos) << name;
+    if (name == "step") {
+      step_ms = ms;
+    } else if (name != "other (unattributed)") {
+      sum += ms;
+      // Two micro-batches: every family ran in both, and the work was counted.
+      if (name != "zero grad" && name != "optimizer") {
+        EXPECT_GE(row["calls"], 2) << name;
+      }
+      EXPECT_GT(row["work"].get<double>(), 0.0) << name;
+      const bool transfer = name == "data" || name == "all-reduce";
+      EXPECT_EQ(row["floor_per_s"].is_null(), !floors || transfer) << name;
+    }
+  }
+  EXPECT_EQ(rows, expected_rows(c.model));
+  EXPECT_GT(step_ms, 0.0);
+  EXPECT_LE(sum, step_ms);
+}
+
 TEST(ProfiledTraining, ShowsEveryFamilyAndKeepsTheLossesBitForBit) {
   // LLaMA with document masks: its attention FLOPs are counted from the segment ids.
   for (const auto& [model, doc_mask] : {std::pair{"gpt2-tiny", false}, {"llama3-tiny", true}}) {
     SCOPED_TRACE(std::string(model) + (doc_mask ? " with --doc-mask" : ""));
-    test::TempDir dir;
     TrainConfig c = tiny_run(model);
     c.doc_mask = doc_mask;
-    std::ostringstream plain_out;
-    const TrainSummary plain = train(c, plain_out);
-    c.profile_step = 0;  // the default: step 3
-    c.log_path = dir.file("run.jsonl");
-    std::ostringstream out;
-    const TrainSummary profiled = train(c, out);
-    EXPECT_EQ(profiled.losses, plain.losses);  // bit for bit
-    EXPECT_EQ(plain_out.str().find("step profile"), std::string::npos);
-    EXPECT_NE(out.str().find("step profile: step 3, " + std::string(model) + " on cpu"),
-              std::string::npos);
+    check_profiled_run(c, false);
+  }
+}
 
-    const nlohmann::json j = profile_event(c.log_path);
-    ASSERT_FALSE(j.is_null()) << "no profile event in the log";
-    EXPECT_EQ(j["step"], 3);
-    std::vector<std::string> rows;
-    double sum = 0.0, step_ms = 0.0;
-    for (const nlohmann::json& row : j["rows"]) {
-      const std::string name = row["region"];
-      rows.push_back(name);
-      const double ms = row["ms"];
-      EXPECT_GE(ms, 0.0) << name;
-      EXPECT_NE(out.str().find("\n" + name + " "), std::string::npos) << name;
-      if (name == "step") {
-        step_ms = ms;
-      } else if (name != "other (unattributed)") {
-        sum += ms;
-        // Two micro-batches: every family ran in both, and the work was counted.
-        if (name != "zero grad" && name != "optimizer") {
-          EXPECT_GE(row["calls"], 2) << name;
-        }
-        EXPECT_GT(row["work"].get<double>(), 0.0) << name;
-        EXPECT_TRUE(row["floor_per_s"].is_null()) << name;  // no CPU floors
-      }
+// The same on the GPU (CUDA events), fp32 (deterministic there too), naive and flash.
+TEST(ProfiledTraining, OnTheGpu) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << cuda_unavailable_reason();
+  const bool h200 = cuda_device_name(cuda_current_device()).find("H200") != std::string::npos;
+  for (const std::string impl : {"naive", "flash"}) {
+    for (const std::string model : {"gpt2-tiny", "llama3-tiny"}) {
+      SCOPED_TRACE(model + " " + impl);
+      TrainConfig c = tiny_run(model);
+      c.device = Device::cuda;
+      c.attention.impl = attention::parse_impl(impl);
+      c.doc_mask = model == "llama3-tiny";
+      check_profiled_run(c, h200);
     }
-    EXPECT_EQ(rows, expected_rows(model));
-    EXPECT_GT(step_ms, 0.0);
-    EXPECT_LE(sum, step_ms);
   }
 }
 
