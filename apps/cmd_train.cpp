@@ -68,6 +68,7 @@ struct TrainFlags {
   train::TrainConfig config;
   std::string dtype = "fp32", device = "auto", attention = "naive", lr_schedule = "cosine";
   std::string dist = "auto", comm_dtype = "auto";
+  std::string profile;  // --profile [STEP]: empty without a value
   double dist_timeout = 600.0;
   int64_t layers = 0, width = 0, heads = 0, kv_heads = 0, vocab = 0, context = 0;
   bool list_models = false, rope_scaling = false;
@@ -79,6 +80,23 @@ std::optional<int64_t> override_flag(const CLI::App& cmd, const char* flag, int6
   if (cmd.count(flag) == 0) return std::nullopt;
   FT_CHECK(value >= 1, flag, " must be >= 1, got ", value);
   return value;
+}
+
+// --profile's value: a step number >= 1, or none (0: the trainer's default step).
+int64_t profile_step(const std::string& value) {
+  if (value.empty()) return 0;
+  size_t used = 0;
+  int64_t step = 0;
+  try {
+    step = std::stoll(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  FT_CHECK(used == value.size() && step >= 1,
+           "--profile takes a step number >= 1 (or no value), "
+           "got '",
+           value, "'");
+  return step;
 }
 
 dist::Backend dist_backend(const std::string& flag, const dist::Launch& launch, Device device) {
@@ -127,6 +145,7 @@ void run(TrainFlags& f) {
   c.dtype = parse_dtype(f.dtype);
   c.lr_decay = train::parse_lr_decay(f.lr_schedule);
   if (f.comm_dtype != "auto") c.wire_dtype = parse_dtype(f.comm_dtype);
+  if (cmd.count("--profile") > 0) c.profile_step = profile_step(f.profile);
   const dist::Launch launch = dist::launch_from_environment();
   std::ostream null_out(nullptr);
   int gpu = -1;
@@ -262,6 +281,13 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag("--allow-schedule-change", c.allow_schedule_change,
                 "With --resume: accept a new learning-rate schedule (--steps, --lr, --warmup, "
                 "--min-lr-frac, --lr-schedule); the resumed steps follow it");
+  cmd->add_option("--profile", flags->profile,
+                  "Time every op family of one step (CUDA events on the GPU, the clock on the "
+                  "CPU) and print a table at the end, also written to --log: step STEP, or "
+                  "without a value the run's third step (its last when it runs fewer); every "
+                  "step then carries NVTX ranges for Nsight. The losses do not change")
+      ->expected(0, 1)
+      ->type_name("[STEP]");
   cmd->add_option("--eval-every", c.eval_every,
                   "Validation loss every N steps (0: only after the last step)")
       ->capture_default_str();

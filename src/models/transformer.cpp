@@ -47,6 +47,17 @@ int64_t rows(const Tensor& t) {
   return t.numel() / t.dim(-1);
 }
 
+// What the step profile counts (models/step_profile.h): a linear layer's forward product over
+// `rows` rows (its backward is two such), and the bytes of `tensors` tensors shaped like `like`
+// (an elementwise op moves each tensor it reads or writes once).
+double gemm_flops(int64_t rows, const Parameter* w) {
+  return 2.0 * static_cast<double>(rows) * static_cast<double>(w->master.numel());
+}
+
+double traffic(const Tensor& like, int tensors) {
+  return static_cast<double>(tensors) * static_cast<double>(like.nbytes());
+}
+
 }  // namespace
 
 Transformer::Transformer(const ModelConfig& config, DType compute_dtype,
@@ -143,6 +154,8 @@ void Transformer::build_parameters() {
 void Transformer::report_ready(const GradientReady& ready,
                                std::initializer_list<const Parameter*> params) {
   if (!ready) return;
+  // Queueing a bucket's collective (and, on the CPU, running it) is communication.
+  const ProfileRegion region(profile_, OpFamily::all_reduce);
   for (const Parameter* p : params) {
     if (p != nullptr) ready(static_cast<size_t>(p - params_.data()));
   }
@@ -199,6 +212,17 @@ void Transformer::zero_grad() {
 
 Tensor Transformer::act(const Shape& shape) const {
   return Tensor::empty(shape, compute_dtype_, device_);
+}
+
+void Transformer::count_attention_flops(OpFamily family, const attention::Problem& problem,
+                                        double factor) {
+  if (profile_ == nullptr || !profile_->recording()) return;
+  // With document masks the pairs are counted element by element on the host: after the step.
+  profile_->add_work_later(family, [problem, ids = segment_ids_, factor] {
+    const Tensor host = ids.defined() && ids.device() != Device::cpu ? ids.to(Device::cpu) : ids;
+    return factor * 4.0 * static_cast<double>(problem.attended_pairs(host)) *
+           static_cast<double>(problem.head_dim);
+  });
 }
 
 attention::Problem Transformer::attention_problem(int64_t layer) const {
@@ -313,16 +337,20 @@ void Transformer::layer_forward(int64_t l, const Tensor& x_in, Tensor& x_out, Kv
   auto bias = [](Parameter* p) { return p ? p->compute : Tensor(); };
 
   Tensor qkv = act({B, T, config_.qkv_width()});
+  ProfileRegion region(profile_, OpFamily::gemm_qkv, gemm_flops(B * T, W.qkv_w));
   nn::linear_forward(qkv, c.norm1.out, W.qkv_w->compute, bias(W.qkv_b));
   c.q = act({B, T, Hq, D});
   c.k = act({B, T, Hkv, D});
   c.v = act({B, T, Hkv, D});
+  region.enter(OpFamily::qkv_copy, traffic(qkv, 2));
   nn::split_qkv(c.q, c.k, c.v, qkv);
   const int64_t past = kv ? kv->length : 0;
   if (config_.rope()) {
+    region.enter(OpFamily::rope, traffic(c.q, 2) + traffic(c.k, 2));
     nn::rope_forward(c.q, c.q, rope_, past);
     nn::rope_forward(c.k, c.k, rope_, past);
   }
+  region.leave();
   if (kv) {
     Tensor k_rows = kv->k[static_cast<size_t>(l)].slice(past, past + T);
     Tensor v_rows = kv->v[static_cast<size_t>(l)].slice(past, past + T);
@@ -333,27 +361,36 @@ void Transformer::layer_forward(int64_t l, const Tensor& x_in, Tensor& x_out, Kv
     cached_attention(l, c, *kv);
   } else {
     const attention::Problem problem = attention_problem(l);
+    region.enter(OpFamily::attention_forward);
+    count_attention_flops(OpFamily::attention_forward, problem, 1.0);
     attention::KernelConfig config;
     c.att = attention::forward(attention_.impl, problem, c.q, c.k, c.v, segment_ids_,
                                flash_config(problem, config));
   }
 
   Tensor proj = act({B, T, C});
+  region.enter(OpFamily::gemm_attn_out, gemm_flops(B * T, W.proj_w));
   nn::linear_forward(proj, c.att.o.view({B, T, Hq * D}), W.proj_w->compute, bias(W.proj_b));
+  region.enter(OpFamily::norm, traffic(proj, 4));  // x_in, proj read; x_mid, h written
   c.norm2 = add_norm_forward(c.x_mid, x_in, proj, {W.norm2_w, W.norm2_b});
 
   c.fc = act({B, T, F});
   c.mlp_act = act({B, T, F});
   if (config_.mlp() == MlpKind::gelu) {
+    region.enter(OpFamily::gemm_mlp_up, gemm_flops(B * T, W.fc_w));
     nn::linear_gelu_forward(c.fc, c.mlp_act, c.norm2.out, W.fc_w->compute, bias(W.fc_b));
   } else {
+    region.enter(OpFamily::gemm_mlp_up, gemm_flops(B * T, W.fc_w) + gemm_flops(B * T, W.gate_w));
     nn::linear_forward(c.fc, c.norm2.out, W.fc_w->compute, bias(W.fc_b));
     c.gate = act({B, T, F});
     nn::linear_forward(c.gate, c.norm2.out, W.gate_w->compute, Tensor());
+    region.enter(OpFamily::activation, traffic(c.fc, 3));
     nn::swiglu_forward(c.mlp_act, c.gate, c.fc);
   }
   Tensor mlp = act({B, T, C});
+  region.enter(OpFamily::gemm_mlp_down, gemm_flops(B * T, W.out_w));
   nn::linear_forward(mlp, c.mlp_act, W.out_w->compute, bias(W.out_b));
+  region.enter(OpFamily::norm, traffic(mlp, 4));
   norm_reading(l + 1) = add_norm_forward(x_out, c.x_mid, mlp, norm_weights_reading(l + 1));
 }
 
@@ -424,18 +461,26 @@ void Transformer::run_forward(const Tensor& tokens, const Tensor& segment_ids, K
              dtype_name(segment_ids.dtype()), " ", shape_str(segment_ids.shape()));
   }
   tokens_ = tokens;
+  ProfileRegion region(profile_);
   // Once per forward, not once per layer: every layer's attention (and backward) reads this copy.
-  segment_ids_ = !segment_ids.defined() || segment_ids.device() == device_
-                     ? segment_ids
-                     : segment_ids.to(device_);
+  if (segment_ids.defined() && segment_ids.device() != device_) {
+    region.enter(OpFamily::data, traffic(segment_ids, 1));
+    segment_ids_ = segment_ids.to(device_);
+  } else {
+    segment_ids_ = segment_ids;
+  }
   const int64_t L = config_.n_layer, C = config_.n_embd;
   residual_.assign(static_cast<size_t>(L + 1), Tensor());
   cache_.assign(static_cast<size_t>(L), LayerCache());
   residual_[0] = act({B_, T_, C});
   // Learned positions of the new tokens: rows past .. past + T - 1 of wpe.
   const Tensor wpe = w_->wpe ? w_->wpe->compute.slice(past, config_.max_seq_len) : Tensor();
+  // The rows it gathers from wte (and wpe) and the rows it writes.
+  region.enter(OpFamily::embedding, traffic(residual_[0], wpe.defined() ? 3 : 2));
   nn::embedding_forward(residual_[0], tokens, w_->wte->compute, wpe);
+  region.enter(OpFamily::norm, traffic(residual_[0], 2));
   norm_reading(0) = norm_forward(residual_[0], norm_weights_reading(0));
+  region.leave();
   if (kv) {
     // Segment ids of the new positions, for the decode steps' document limits.
     const Tensor ids = segment_ids_.defined() ? segment_ids_.to(Device::cpu) : Tensor();
@@ -466,6 +511,7 @@ void Transformer::run_forward(const Tensor& tokens, const Tensor& segment_ids, K
     return;
   }
   logits_ = act({B_ * T_, config_.padded_vocab_size});
+  region.enter(OpFamily::gemm_classifier, gemm_flops(B_ * T_, head));
   nn::linear_forward(logits_, final_norm_.out.view({B_ * T_, C}), head->compute, Tensor());
 }
 
@@ -483,6 +529,7 @@ double Transformer::forward(const Tensor& tokens, const Tensor& targets,
   targets_ = targets;
   losses_ = Tensor::empty({B_ * T_}, master_dtype_, device_);
   Tensor no_grad;
+  const ProfileRegion region(profile_, OpFamily::classifier_loss, traffic(logits_, 1));
   nn::softmax_cross_entropy(losses_, no_grad, logits_, targets.view({B_ * T_}), config_.vocab_size,
                             0.0);
   have_targets_ = true;
@@ -503,45 +550,61 @@ void Transformer::layer_backward(int64_t l, Tensor& dresidual) {
   // MLP branch: dresidual flows both into the branch and along the residual.
   Tensor dact = act({B, T, F});
   Tensor db_out = bias_grad(W.out_b);
+  ProfileRegion region(profile_, OpFamily::gemm_mlp_down, 2 * gemm_flops(B * T, W.out_w));
   nn::linear_backward(dact, W.out_w->grad, db_out, dresidual, c.mlp_act, W.out_w->compute);
   Tensor dfc = act({B, T, F});
   Tensor dh2 = act({B, T, C});
   Tensor db_fc = bias_grad(W.fc_b);
   Tensor no_bias;
   if (config_.mlp() == MlpKind::gelu) {
+    region.enter(OpFamily::activation, traffic(dact, 3));
     nn::gelu_backward(dfc, dact, c.fc);
+    region.enter(OpFamily::gemm_mlp_up, 2 * gemm_flops(B * T, W.fc_w));
     nn::linear_backward(dh2, W.fc_w->grad, db_fc, dfc, c.norm2.out, W.fc_w->compute);
   } else {
     Tensor dgate = act({B, T, F});
+    region.enter(OpFamily::activation, traffic(dact, 5));
     nn::swiglu_backward(dgate, dfc, dact, c.gate, c.fc);
     Tensor dh2_gate = act({B, T, C});
+    region.enter(OpFamily::gemm_mlp_up,
+                 2 * (gemm_flops(B * T, W.gate_w) + gemm_flops(B * T, W.fc_w)));
     nn::linear_backward(dh2_gate, W.gate_w->grad, no_bias, dgate, c.norm2.out, W.gate_w->compute);
     nn::linear_backward(dh2, W.fc_w->grad, db_fc, dfc, c.norm2.out, W.fc_w->compute);
+    // The two projections' input gradients summed (what a GEMM accumulating into dh2 would do).
     nn::add(dh2, dh2, dh2_gate);
   }
+  region.enter(OpFamily::norm, traffic(dh2, 4));  // dh2, x_mid read; dresidual read and written
   norm_backward(dresidual, dh2, c.x_mid, {W.norm2_w, W.norm2_b}, c.norm2, true);  // now d x_mid
 
   // Attention branch.
   Tensor datt = act({B, T, Hq * D});
   Tensor db_proj = bias_grad(W.proj_b);
+  region.enter(OpFamily::gemm_attn_out, 2 * gemm_flops(B * T, W.proj_w));
   nn::linear_backward(datt, W.proj_w->grad, db_proj, dresidual, c.att.o.view({B, T, Hq * D}),
                       W.proj_w->compute);
   const attention::Problem problem = attention_problem(l);
+  region.enter(OpFamily::attention_backward);
+  count_attention_flops(OpFamily::attention_backward, problem, 2.5);
   attention::KernelConfig config;
   attention::Gradients g =
       attention::backward(attention_.impl, problem, c.q, c.k, c.v, c.att, datt.view({B, T, Hq, D}),
                           segment_ids_, flash_config(problem, config));
   if (config_.rope()) {
+    region.enter(OpFamily::rope, traffic(g.dq, 2) + traffic(g.dk, 2));
     nn::rope_backward(g.dq, g.dq, rope_);
     nn::rope_backward(g.dk, g.dk, rope_);
   }
   Tensor dqkv = act({B, T, config_.qkv_width()});
   FT_ASSERT(g.dk.dim(2) == Hkv);
+  region.enter(OpFamily::qkv_copy, traffic(dqkv, 2));
   nn::merge_qkv(dqkv, g.dq, g.dk, g.dv);
   Tensor dh1 = act({B, T, C});
   Tensor db_qkv = bias_grad(W.qkv_b);
+  region.enter(OpFamily::gemm_qkv, 2 * gemm_flops(B * T, W.qkv_w));
   nn::linear_backward(dh1, W.qkv_w->grad, db_qkv, dqkv, c.norm1.out, W.qkv_w->compute);
+  region.enter(OpFamily::norm, traffic(dh1, 4));
   norm_backward(dresidual, dh1, x_in, {W.norm1_w, W.norm1_b}, c.norm1, true);  // now d x_in
+  region.leave();
   c = LayerCache();  // free this layer's activations as soon as they are used
 }
 
@@ -549,18 +612,23 @@ void Transformer::backward(double loss_scale, const GradientReady& ready) {
   FT_CHECK(have_targets_, "backward() needs a forward() with targets first");
   const int64_t C = config_.n_embd, N = B_ * T_, L = config_.n_layer;
   // The fused classifier writes dlogits over the logits buffer.
+  ProfileRegion region(profile_, OpFamily::classifier_loss, traffic(logits_, 2));
   nn::softmax_cross_entropy(losses_, logits_, logits_, targets_.view({N}), config_.vocab_size,
                             loss_scale / static_cast<double>(N));
   Parameter* head = w_->head ? w_->head : w_->wte;
   Tensor dnorm = act({B_, T_, C});
   Tensor no_bias;
   Tensor dnorm_flat = dnorm.view({N, C});
+  region.enter(OpFamily::gemm_classifier, 2 * gemm_flops(N, head));
   nn::linear_backward(dnorm_flat, head->grad, no_bias, logits_, final_norm_.out.view({N, C}),
                       head->compute);
+  region.leave();
   report_ready(ready, {w_->head});  // a tied head (wte) is complete after the embedding
   // One residual gradient buffer for the whole stack: each layer adds its branches into it.
   Tensor dresidual = act({B_, T_, C});
+  region.enter(OpFamily::norm, traffic(dnorm, 3));
   norm_backward(dresidual, dnorm, residual_.back(), norm_weights_reading(L), final_norm_, false);
+  region.leave();
   report_ready(ready, {w_->normf_w, w_->normf_b});
   for (int64_t l = L - 1; l >= 0; --l) {
     layer_backward(l, dresidual);
@@ -569,7 +637,13 @@ void Transformer::backward(double loss_scale, const GradientReady& ready) {
                          W.norm2_b, W.fc_w, W.fc_b, W.gate_w, W.out_w, W.out_b});
   }
   Tensor dwpe = w_->wpe ? w_->wpe->grad : Tensor();
+  // dresidual read; the gradient rows of wte (and wpe) read and written.
+  region.enter(OpFamily::embedding,
+               traffic(dresidual, 1) + 2.0 * (dwpe.defined() ? 2 : 1) *
+                                           static_cast<double>(dresidual.numel()) *
+                                           static_cast<double>(dtype_size(master_dtype_)));
   nn::embedding_backward(w_->wte->grad, dwpe, dresidual, tokens_);
+  region.leave();
   report_ready(ready, {w_->wte, w_->wpe});
   have_targets_ = false;  // the logits buffer now holds gradients
 }

@@ -30,6 +30,7 @@
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "models/config.h"
+#include "models/step_profile.h"
 #include "nn/layers.h"
 
 namespace ft::models {
@@ -135,6 +136,12 @@ class Transformer {
   void backward(double loss_scale = 1.0, const GradientReady& ready = {});
   void zero_grad();
 
+  // Marks forward's and backward's ops as regions of `profile` (not owned; nullptr, the
+  // default: none).
+  void set_profile(StepProfile* profile) { profile_ = profile; }
+  // The trainer's regions around the model (optimizer, communication) go to the same profile.
+  StepProfile* profile() const { return profile_; }
+
   std::vector<Parameter>& parameters() { return params_; }
   const std::vector<Parameter>& parameters() const { return params_; }
   Parameter& parameter(const std::string& name);
@@ -187,6 +194,9 @@ class Transformer {
   void norm_backward(Tensor& dx, const Tensor& dout, const Tensor& x, NormWeights n,
                      const NormOutput& saved, bool accumulate);
   Parameter* find(const std::string& name);
+  // While a step is profiled: the attention FLOPs of `problem` (4 x attended pairs x D, times
+  // `factor`: 2.5 for backward), counted after the step.
+  void count_attention_flops(OpFamily family, const attention::Problem& problem, double factor);
   void report_ready(const GradientReady& ready, std::initializer_list<const Parameter*> params);
 
   ModelConfig config_;
@@ -198,6 +208,7 @@ class Transformer {
   Tensor flat_master_, flat_grad_, flat_compute_;
   std::unique_ptr<Weights> w_;
   nn::RopeTable rope_;
+  StepProfile* profile_ = nullptr;
 
   // Saved by the last forward for backward.
   int64_t B_ = 0, T_ = 0;

@@ -19,6 +19,13 @@ std::vector<dist::ParamRange> ranges_of(const models::Transformer& model) {
   return ranges;
 }
 
+// What AdamW moves per element: master, m and v read and written, the gradient read twice (its
+// norm, then the update), and the compute copy written when it is a copy of its own.
+double optimizer_bytes(const Tensor& masters, const Tensor& compute) {
+  const bool own_compute = compute.raw() != masters.raw();
+  return static_cast<double>(8 * masters.nbytes() + (own_compute ? compute.nbytes() : 0));
+}
+
 // A parameter's flat view: its elements [begin, end) of the flat buffers.
 Tensor piece(const Tensor& param, int64_t offset, int64_t begin, int64_t end) {
   return param.view({param.numel()}).slice(begin - offset, end - offset);
@@ -71,8 +78,21 @@ models::GradientReady DataParallel::gradient_ready() {
 }
 
 OptimizerStep DataParallel::step(int64_t step, double lr) {
-  if (reducer_) reducer_->finish();
-  return sharded() ? sharded_step(step, lr) : optimizer_.step(step, lr);
+  models::ProfileRegion region(model_.profile());
+  if (reducer_) {
+    // What the backward's overlap left to wait for, and the buckets that had not left yet.
+    region.enter(models::OpFamily::all_reduce,
+                 static_cast<double>(model_.flat_grads().numel() *
+                                     static_cast<int64_t>(dtype_size(config_.wire_dtype))));
+    reducer_->finish();
+  }
+  if (sharded()) {
+    region.leave();
+    return sharded_step(step, lr);
+  }
+  region.enter(models::OpFamily::optimizer,
+               optimizer_bytes(model_.flat_masters(), model_.flat_compute()));
+  return optimizer_.step(step, lr);
 }
 
 OptimizerStep DataParallel::sharded_step(int64_t step, double lr) {
@@ -80,6 +100,9 @@ OptimizerStep DataParallel::sharded_step(int64_t step, double lr) {
   const Tensor& grads = model_.flat_grads();
   const Tensor& compute = model_.flat_compute();
   const bool own_compute = compute.raw() != masters.raw();
+  // This rank's share of the update: its chunks, about 1 / ranks of every buffer.
+  models::ProfileRegion region(model_.profile(), models::OpFamily::optimizer,
+                               optimizer_bytes(masters, compute) / comm_.size());
   std::vector<Tensor> shard_grads;
   for (const dist::ShardSlice& s : slices_) shard_grads.push_back(grads.slice(s.begin, s.end));
   const double mine = shard_grads.empty() ? 0.0 : nn::global_grad_norm(shard_grads);
@@ -99,6 +122,7 @@ OptimizerStep DataParallel::sharded_step(int64_t step, double lr) {
                       own_compute ? compute.slice(s.begin, s.end) : Tensor()});
   }
   nn::adamw_update_all(update, lr, adamw_, step, r.grad_scale);
+  region.enter(models::OpFamily::all_reduce, static_cast<double>(compute.nbytes()));
   // The weights every rank reads: bf16 compute copies, or the fp32 masters themselves.
   for (const dist::Bucket& b : reducer_->buckets()) comm_.all_gather(compute.slice(b.begin, b.end));
   comm_.wait();

@@ -21,6 +21,7 @@
 #include "train/documents.h"
 #include "train/generate.h"
 #include "train/optimizer.h"
+#include "train/profile_report.h"
 #include "train/run_record.h"
 #include "train/saved_run.h"
 #include "train/schedule.h"
@@ -105,6 +106,8 @@ void check_config(const TrainConfig& c, const models::ModelConfig& m, int ranks)
            " would be ignored (drop the override, or train the new shape without --load)");
   FT_CHECK(c.zero_stage == 0 || c.zero_stage == 1, "--zero must be 0 (off) or 1, got ",
            c.zero_stage);
+  FT_CHECK(c.profile_step >= -1 && c.profile_step <= c.steps, "--profile STEP must be a step of ",
+           "the run, 1 to ", c.steps, ", got ", c.profile_step);
   accumulation_steps(c, ranks);
 }
 
@@ -241,6 +244,19 @@ std::string sample_text(models::Transformer& model, const Tokenizer& tokenizer, 
   return text + utf8.finish();
 }
 
+// What a profiled step ran on, for the table's heading, and the floors its rows are held to.
+std::string profile_run(const TrainConfig& c, const models::ModelConfig& m) {
+  std::string device = device_name(c.device);
+  if (c.device == Device::cuda) device += " (" + cuda_device_name(cuda_current_device()) + ")";
+  return str(m.name, " on ", device, ", ", dtype_name(c.dtype), ", attention ",
+             attention::impl_name(c.attention.impl), ", batch ", c.batch_size, " x ", c.seq_len);
+}
+
+ProfileFloors profile_floors_of(const TrainConfig& c) {
+  const std::string gpu = c.device == Device::cuda ? cuda_device_name(cuda_current_device()) : "";
+  return profile_floors(c.device, gpu, c.dtype, c.tf32);
+}
+
 }  // namespace
 
 models::ModelConfig resolve_model_config(const TrainConfig& c) {
@@ -348,6 +364,17 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
     first_step = state.step + 1;
   }
   const bool resumed = first_step > 1;
+  // The profiled step, and what it is profiled with.
+  const int64_t profile_at =
+      c.profile_step > 0 ? c.profile_step : std::min(first_step + 2, c.steps);
+  std::unique_ptr<models::StepProfile> profile;
+  if (c.profile_step >= 0) {
+    FT_CHECK(profile_at >= first_step, "--profile ", profile_at, ": the run resumes after step ",
+             first_step - 1, "; profile one of steps ", first_step, " to ", c.steps);
+    profile = std::make_unique<models::StepProfile>(c.device);
+    model.set_profile(profile.get());
+  }
+  std::string profile_table;
 
   out << "model:     " << mc.describe() << "\n"
       << "run:       " << device_name(c.device) << ", " << dtype_name(c.dtype) << ", attention "
@@ -458,15 +485,22 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
   try {
     for (; step <= c.steps; ++step) {
       reset_peak_memory(c.device);
+      if (profile) profile->begin_step(step, step == profile_at);
       const auto t0 = Clock::now();
+      models::ProfileRegion region(profile.get(), models::OpFamily::zero_grad,
+                                   static_cast<double>(model.flat_grads().nbytes()));
       model.zero_grad();
       std::vector<double> losses(static_cast<size_t>(rank_accum));
       for (int64_t micro = 0; micro < rank_accum; ++micro) {
+        region.enter(models::OpFamily::data,
+                     2.0 * static_cast<double>(c.batch_size * c.seq_len * sizeof(int32_t)));
         train_loader.skip(rank);  // the micro-batches of the ranks before this one
         train_loader.next_batch(x, y);
         train_loader.skip(ranks - 1 - rank);
+        const Tensor segments = segments_for(x, eot);
+        region.leave();
         // Segment ids go in on the CPU; the model copies them to its device once per forward.
-        losses[static_cast<size_t>(micro)] = model.forward(x, y, segments_for(x, eot));
+        losses[static_cast<size_t>(micro)] = model.forward(x, y, segments);
         // The last backward queues each gradient bucket as soon as it is complete.
         const bool last = micro + 1 == rank_accum;
         model.backward(1.0 / static_cast<double>(accum),
@@ -474,8 +508,15 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
       }
       const double lr = schedule.lr(step);
       const double norm = dp.step(step, lr).grad_norm;
+      if (profile) profile->end_step();
       synchronize(c.device);  // the step's time includes its device work
       const double rank_ms = elapsed_ms(t0);
+      if (profile && step == profile_at) {
+        const ProfileReport report =
+            make_profile_report(profile->result(), profile_run(c, mc), profile_floors_of(c));
+        profile_table = format_profile_table(report);
+        log.write(to_json(report));
+      }
       const bool stop_here = c.stop_requested != nullptr && c.stop_requested->load();
       const StepShares shares = share_step(comm, losses, rank_ms, memory_stats(c.device), stop_here,
                                            tokens_per_step / ranks);
@@ -563,6 +604,7 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
     out << "\n";
   }
   if (!summary.sample.empty()) out << "sample:\n" << summary.sample << "\n";
+  if (!profile_table.empty()) out << "\n" << profile_table;
   out.flush();
   log.write({{"event", "summary"},
              {"steps", summary.steps_run},

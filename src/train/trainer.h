@@ -66,6 +66,11 @@ struct TrainConfig {
   int64_t sample_every = 0;
   int64_t sample_tokens = 64;
   bool quiet = false;  // no per-step lines (tests)
+  // Profile one step (train/profile_report.h): -1 none, 0 the run's third step (its first steps
+  // warm up the allocator and the caches) or its last when it runs fewer, else that step. The
+  // table is printed at the end and written to the log as {"event": "profile"}; every step
+  // then also carries NVTX ranges for Nsight. Profiling changes no loss.
+  int64_t profile_step = -1;
   // Set (by a signal handler, say) to stop after the current step: the run saves (with
   // save_path), writes its summary and an {"event": "interrupted"} log line, and returns with
   // TrainSummary::interrupted.
