@@ -67,6 +67,7 @@ class StopSignals {
 struct TrainFlags {
   train::TrainConfig config;
   std::string dtype = "fp32", device = "auto", attention = "naive", lr_schedule = "cosine";
+  std::string recompute = "none";
   std::string dist = "auto", comm_dtype = "auto";
   std::string profile;  // --profile [STEP]: empty without a value
   double dist_timeout = 600.0;
@@ -151,6 +152,7 @@ void run(TrainFlags& f) {
   int gpu = -1;
   c.device = resolve_device(f.device, launch.rank == 0 ? std::cout : null_out, &gpu);
   c.attention.impl = attention::parse_impl(f.attention);
+  c.recompute = models::parse_recompute(f.recompute);
   FT_CHECK(c.attention.impl != attention::Impl::reference,
            "--attention reference is the fp64 test oracle; train with naive or flash");
   FT_CHECK(f.dist_timeout > 0, "--dist-timeout must be > 0 seconds, got ", f.dist_timeout);
@@ -255,6 +257,13 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag("--deterministic", c.attention.deterministic,
                 "Attention backward with bit-identical results on every run (the GPU's bf16 "
                 "flash backward then adds its dQ parts in a fixed order: the tma path, sm90)");
+  cmd->add_option("--recompute", flags->recompute,
+                  "Keep less for backward and recompute it there: none, attention (q, k, v; "
+                  "naive also its S x S probabilities), mlp (the MLP's hidden-width "
+                  "activations) or block (only each layer's input: backward re-runs the "
+                  "layer's forward). The losses do not change; safe to change on --resume")
+      ->check(CLI::IsMember({"none", "attention", "mlp", "block"}))
+      ->capture_default_str();
   cmd->add_option("--kernel-config", c.kernel_config_path,
                   "Kernel-config file (JSON, e.g. from `flashtrain sweep --emit-kernel-config`): "
                   "its rows give the CUDA flash kernels' tiles and paths in every attention call, "

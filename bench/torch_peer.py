@@ -42,7 +42,8 @@ PRESETS = {
 
 
 # The step profile's rows, in flashtrain's order (src/models/step_profile.cpp; a test there checks
-# that this list is the same).
+# that this list is the same). The peer keeps every activation, so its "recompute" row (the
+# forward ops that `flashtrain train --recompute` re-runs in backward) never appears.
 ROWS = [
     "data",
     "zero grad",
@@ -59,12 +60,13 @@ ROWS = [
     "gemm mlp-down",
     "gemm classifier",
     "classifier + loss",
+    "recompute",
     "all-reduce",
     "optimizer",
 ]
 # Rows whose work is FLOPs (the others count bytes, which the peer does not report).
 FLOP_ROWS = {"gemm qkv", "attention forward", "attention backward", "gemm attn-out",
-             "gemm mlp-up", "gemm mlp-down", "gemm classifier"}
+             "gemm mlp-up", "gemm mlp-down", "gemm classifier", "recompute"}
 # Rows of host or network transfers: no floor, as in flashtrain's table.
 TRANSFER_ROWS = {"data", "all-reduce"}
 # What the backward of a forward row is counted as (the rest keep their row).

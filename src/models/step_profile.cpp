@@ -24,6 +24,8 @@ constexpr std::array<OpFamilyInfo, kOpFamilyCount> kInfo = {{
     {"gemm mlp-down", WorkKind::flop},
     {"gemm classifier", WorkKind::flop},
     {"classifier + loss", WorkKind::bytes},
+    // Counted in FLOPs: the recomputed products (and attention) are most of its time.
+    {"recompute", WorkKind::flop},
     {"all-reduce", WorkKind::transfer},
     {"optimizer", WorkKind::bytes},
 }};
@@ -81,7 +83,16 @@ void StepProfile::end_step() {
   nvtx_pop();
 }
 
-void StepProfile::enter(OpFamily family, double work, const void* owner) {
+// The row that work of `family` goes to, and how much of `work` it takes (all, or none when
+// redirected to a row of another unit).
+std::pair<OpFamily, double> StepProfile::target(OpFamily family, double work) const {
+  if (!redirect_) return {family, work};
+  const bool same_unit = op_family_info(family).work == op_family_info(*redirect_).work;
+  return {*redirect_, same_unit ? work : 0.0};
+}
+
+void StepProfile::enter(OpFamily own_family, double own_work, const void* owner) {
+  const auto [family, work] = target(own_family, own_work);
   FT_CHECK(!open_ || owner_ == owner, "profile regions must not nest: '",
            op_family_info(family).name, "' opened inside '", op_family_info(open_family_).name,
            "'");
@@ -113,7 +124,10 @@ void StepProfile::leave() noexcept {
 }
 
 void StepProfile::add_work_later(OpFamily family, std::function<double()> count) {
-  if (recording_) later_.emplace_back(family, std::move(count));
+  if (!recording_) return;
+  const auto [row, share] = target(family, 1.0);
+  if (share == 0.0) return;
+  later_.emplace_back(row, std::move(count));
 }
 
 StepProfile::Result StepProfile::result() {

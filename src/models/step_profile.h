@@ -15,7 +15,9 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/mark_timer.h"
@@ -39,6 +41,7 @@ enum class OpFamily : int {
   gemm_mlp_down,       // the MLP's output projection
   gemm_classifier,     // logits = norm_f(x) @ head^T, and its backward
   classifier_loss,     // softmax + cross-entropy (+ dlogits), the loss read back to the host
+  recompute,           // forward ops re-run in backward (Transformer::set_recompute), all kinds
   all_reduce,          // gradient communication (ZeRO-1: reduce-scatter, weights' all-gather)
   optimizer,           // gradient norm, clipping and AdamW
 };
@@ -76,6 +79,12 @@ class StepProfile {
   // Work that is costly to count (attention's attended pairs with document masks) is counted
   // after the step, outside its time: `count` runs in result().
   void add_work_later(OpFamily family, std::function<double()> count);
+  // While set, regions entered and work added go to `family` instead of their own (nullopt:
+  // off). Work of another kind than the target's is dropped, since a row has one unit: for the
+  // recompute row (FLOPs) the byte counts of its norms and copies, so that its floor is the
+  // products' alone, still a lower bound. Used through ProfileRedirect.
+  void redirect(std::optional<OpFamily> family) { redirect_ = family; }
+  std::optional<OpFamily> redirected() const { return redirect_; }
 
   struct Row {
     OpFamily family;
@@ -92,6 +101,8 @@ class StepProfile {
   Result result();
 
  private:
+  std::pair<OpFamily, double> target(OpFamily family, double work) const;
+
   struct Region {
     OpFamily family;
     size_t begin, end;  // marks
@@ -106,6 +117,7 @@ class StepProfile {
   const void* owner_ = nullptr;  // the ProfileRegion whose region is open
   bool open_ = false;            // a region is open (its NVTX range too)
   OpFamily open_family_ = OpFamily::data;
+  std::optional<OpFamily> redirect_;
   std::array<double, kOpFamilyCount> work_{};
   std::vector<std::pair<OpFamily, std::function<double()>>> later_;
 };
@@ -145,6 +157,26 @@ class ProfileRegion {
  private:
   StepProfile* profile_;
   bool open_ = false;
+};
+
+// Every region on `profile` (nullptr: nothing) counts as `family` while this object lives;
+// the previous redirection comes back after.
+class ProfileRedirect {
+ public:
+  ProfileRedirect(StepProfile* profile, OpFamily family) : profile_(profile) {
+    if (profile_ == nullptr) return;
+    previous_ = profile_->redirected();
+    profile_->redirect(family);
+  }
+  ~ProfileRedirect() {
+    if (profile_ != nullptr) profile_->redirect(previous_);
+  }
+  ProfileRedirect(const ProfileRedirect&) = delete;
+  ProfileRedirect& operator=(const ProfileRedirect&) = delete;
+
+ private:
+  StepProfile* profile_;
+  std::optional<OpFamily> previous_;
 };
 
 }  // namespace ft::models

@@ -5,6 +5,7 @@
 
 #include "core/device.h"
 #include "core/error.h"
+#include "models/transformer_parts.h"
 
 namespace ft::models {
 
@@ -12,50 +13,10 @@ void Parameter::sync_compute() {
   if (compute.raw() != master.raw()) compute.copy_from(master);
 }
 
-// Non-owning views of the parameters, by role. Absent roles (no bias in LLaMA, no gate in
-// GPT-2) stay null.
-struct Transformer::Weights {
-  struct Layer {
-    Parameter *norm1_w = nullptr, *norm1_b = nullptr;
-    Parameter *qkv_w = nullptr, *qkv_b = nullptr;
-    Parameter *proj_w = nullptr, *proj_b = nullptr;
-    Parameter *norm2_w = nullptr, *norm2_b = nullptr;
-    Parameter *fc_w = nullptr, *fc_b = nullptr;    // GPT-2 fc; LLaMA up projection
-    Parameter* gate_w = nullptr;                   // LLaMA gate projection
-    Parameter *out_w = nullptr, *out_b = nullptr;  // MLP output (GPT-2 proj, LLaMA down)
-  };
-  Parameter *wte = nullptr, *wpe = nullptr;
-  std::vector<Layer> layers;
-  Parameter *normf_w = nullptr, *normf_b = nullptr;
-  Parameter* head = nullptr;  // null when tied to wte
-};
-
-// What one layer keeps from forward for backward.
-struct Transformer::LayerCache {
-  NormOutput norm1;  // written by whoever produced the layer's input (fused with its add)
-  Tensor q, k, v;    // after RoPE
-  attention::ForwardOutput att;
-  Tensor x_mid;  // residual after attention
-  NormOutput norm2;
-  Tensor fc, gate;  // MLP pre-activations (gate: LLaMA only)
-  Tensor mlp_act;   // gelu(fc) or silu(gate) * up
-};
-
 namespace {
 
 int64_t rows(const Tensor& t) {
   return t.numel() / t.dim(-1);
-}
-
-// What the step profile counts (models/step_profile.h): a linear layer's forward product over
-// `rows` rows (its backward is two such), and the bytes of `tensors` tensors shaped like `like`
-// (an elementwise op moves each tensor it reads or writes once).
-double gemm_flops(int64_t rows, const Parameter* w) {
-  return 2.0 * static_cast<double>(rows) * static_cast<double>(w->master.numel());
-}
-
-double traffic(const Tensor& like, int tensors) {
-  return static_cast<double>(tensors) * static_cast<double>(like.nbytes());
 }
 
 }  // namespace
@@ -332,66 +293,86 @@ void Transformer::norm_backward(Tensor& dx, const Tensor& dout, const Tensor& x,
 void Transformer::layer_forward(int64_t l, const Tensor& x_in, Tensor& x_out, KvCache* kv) {
   const Weights::Layer& W = w_->layers[static_cast<size_t>(l)];
   LayerCache& c = cache_[static_cast<size_t>(l)];
-  const int64_t B = B_, T = T_, C = config_.n_embd, D = config_.head_dim();
-  const int64_t Hq = config_.n_head, Hkv = config_.n_kv_head, F = config_.ffn_hidden;
-  auto bias = [](Parameter* p) { return p ? p->compute : Tensor(); };
-
-  Tensor qkv = act({B, T, config_.qkv_width()});
-  ProfileRegion region(profile_, OpFamily::gemm_qkv, gemm_flops(B * T, W.qkv_w));
-  nn::linear_forward(qkv, c.norm1.out, W.qkv_w->compute, bias(W.qkv_b));
-  c.q = act({B, T, Hq, D});
-  c.k = act({B, T, Hkv, D});
-  c.v = act({B, T, Hkv, D});
-  region.enter(OpFamily::qkv_copy, traffic(qkv, 2));
-  nn::split_qkv(c.q, c.k, c.v, qkv);
   const int64_t past = kv ? kv->length : 0;
-  if (config_.rope()) {
-    region.enter(OpFamily::rope, traffic(c.q, 2) + traffic(c.k, 2));
-    nn::rope_forward(c.q, c.q, rope_, past);
-    nn::rope_forward(c.k, c.k, rope_, past);
-  }
-  region.leave();
+  attention_inputs(l, c, past);
   if (kv) {
-    Tensor k_rows = kv->k[static_cast<size_t>(l)].slice(past, past + T);
-    Tensor v_rows = kv->v[static_cast<size_t>(l)].slice(past, past + T);
+    Tensor k_rows = kv->k[static_cast<size_t>(l)].slice(past, past + T_);
+    Tensor v_rows = kv->v[static_cast<size_t>(l)].slice(past, past + T_);
     k_rows.copy_from(c.k);
     v_rows.copy_from(c.v);
   }
   if (past > 0) {
     cached_attention(l, c, *kv);
   } else {
-    const attention::Problem problem = attention_problem(l);
-    region.enter(OpFamily::attention_forward);
-    count_attention_flops(OpFamily::attention_forward, problem, 1.0);
-    attention::KernelConfig config;
-    c.att = attention::forward(attention_.impl, problem, c.q, c.k, c.v, segment_ids_,
-                               flash_config(problem, config));
+    attention_forward(l, c);
   }
+  attention_output(l, c, x_in);
+  mlp_hidden(l, c);
+  Tensor mlp = act({B_, T_, config_.n_embd});
+  ProfileRegion region(profile_, OpFamily::gemm_mlp_down, gemm_flops(B_ * T_, W.out_w));
+  nn::linear_forward(mlp, c.mlp_act, W.out_w->compute, W.out_b ? W.out_b->compute : Tensor());
+  region.enter(OpFamily::norm, traffic(mlp, 4));
+  norm_reading(l + 1) = add_norm_forward(x_out, c.x_mid, mlp, norm_weights_reading(l + 1));
+  region.leave();
+  if (!kv) drop_recomputable(c);
+}
 
-  Tensor proj = act({B, T, C});
-  region.enter(OpFamily::gemm_attn_out, gemm_flops(B * T, W.proj_w));
-  nn::linear_forward(proj, c.att.o.view({B, T, Hq * D}), W.proj_w->compute, bias(W.proj_b));
+void Transformer::attention_inputs(int64_t l, LayerCache& c, int64_t past) {
+  const Weights::Layer& W = w_->layers[static_cast<size_t>(l)];
+  const int64_t B = B_, T = T_, D = config_.head_dim();
+  Tensor qkv = act({B, T, config_.qkv_width()});
+  ProfileRegion region(profile_, OpFamily::gemm_qkv, gemm_flops(B * T, W.qkv_w));
+  nn::linear_forward(qkv, c.norm1.out, W.qkv_w->compute, W.qkv_b ? W.qkv_b->compute : Tensor());
+  c.q = act({B, T, config_.n_head, D});
+  c.k = act({B, T, config_.n_kv_head, D});
+  c.v = act({B, T, config_.n_kv_head, D});
+  region.enter(OpFamily::qkv_copy, traffic(qkv, 2));
+  nn::split_qkv(c.q, c.k, c.v, qkv);
+  if (config_.rope()) {
+    region.enter(OpFamily::rope, traffic(c.q, 2) + traffic(c.k, 2));
+    nn::rope_forward(c.q, c.q, rope_, past);
+    nn::rope_forward(c.k, c.k, rope_, past);
+  }
+}
+
+void Transformer::attention_forward(int64_t l, LayerCache& c) {
+  const attention::Problem problem = attention_problem(l);
+  const ProfileRegion region(profile_, OpFamily::attention_forward);
+  count_attention_flops(OpFamily::attention_forward, problem, 1.0);
+  attention::KernelConfig config;
+  c.att = attention::forward(attention_.impl, problem, c.q, c.k, c.v, segment_ids_,
+                             flash_config(problem, config));
+}
+
+void Transformer::attention_output(int64_t l, LayerCache& c, const Tensor& x_in) {
+  const Weights::Layer& W = w_->layers[static_cast<size_t>(l)];
+  const int64_t B = B_, T = T_;
+  Tensor proj = act({B, T, config_.n_embd});
+  ProfileRegion region(profile_, OpFamily::gemm_attn_out, gemm_flops(B * T, W.proj_w));
+  nn::linear_forward(proj, c.att.o.view({B, T, config_.n_head * config_.head_dim()}),
+                     W.proj_w->compute, W.proj_b ? W.proj_b->compute : Tensor());
   region.enter(OpFamily::norm, traffic(proj, 4));  // x_in, proj read; x_mid, h written
   c.norm2 = add_norm_forward(c.x_mid, x_in, proj, {W.norm2_w, W.norm2_b});
+}
 
+void Transformer::mlp_hidden(int64_t l, LayerCache& c) {
+  const Weights::Layer& W = w_->layers[static_cast<size_t>(l)];
+  const int64_t B = B_, T = T_, F = config_.ffn_hidden;
+  const Tensor fc_bias = W.fc_b ? W.fc_b->compute : Tensor();
   c.fc = act({B, T, F});
   c.mlp_act = act({B, T, F});
+  ProfileRegion region(profile_);
   if (config_.mlp() == MlpKind::gelu) {
     region.enter(OpFamily::gemm_mlp_up, gemm_flops(B * T, W.fc_w));
-    nn::linear_gelu_forward(c.fc, c.mlp_act, c.norm2.out, W.fc_w->compute, bias(W.fc_b));
+    nn::linear_gelu_forward(c.fc, c.mlp_act, c.norm2.out, W.fc_w->compute, fc_bias);
   } else {
     region.enter(OpFamily::gemm_mlp_up, gemm_flops(B * T, W.fc_w) + gemm_flops(B * T, W.gate_w));
-    nn::linear_forward(c.fc, c.norm2.out, W.fc_w->compute, bias(W.fc_b));
+    nn::linear_forward(c.fc, c.norm2.out, W.fc_w->compute, fc_bias);
     c.gate = act({B, T, F});
     nn::linear_forward(c.gate, c.norm2.out, W.gate_w->compute, Tensor());
     region.enter(OpFamily::activation, traffic(c.fc, 3));
     nn::swiglu_forward(c.mlp_act, c.gate, c.fc);
   }
-  Tensor mlp = act({B, T, C});
-  region.enter(OpFamily::gemm_mlp_down, gemm_flops(B * T, W.out_w));
-  nn::linear_forward(mlp, c.mlp_act, W.out_w->compute, bias(W.out_b));
-  region.enter(OpFamily::norm, traffic(mlp, 4));
-  norm_reading(l + 1) = add_norm_forward(x_out, c.x_mid, mlp, norm_weights_reading(l + 1));
 }
 
 void Transformer::cached_attention(int64_t l, LayerCache& c, KvCache& kv) {
@@ -502,6 +483,7 @@ void Transformer::run_forward(const Tensor& tokens, const Tensor& segment_ids, K
     }
   }
   attention_saved_bytes_ = static_cast<int64_t>(attention_bytes);
+  saved_activation_bytes_ = kept_bytes();
   Parameter* head = w_->head ? w_->head : w_->wte;
   if (kv) {
     kv->length += T_;
@@ -546,6 +528,7 @@ void Transformer::layer_backward(int64_t l, Tensor& dresidual) {
   const int64_t Hq = config_.n_head, Hkv = config_.n_kv_head, F = config_.ffn_hidden;
   auto bias_grad = [](Parameter* p) { return p ? p->grad : Tensor(); };
   const Tensor& x_in = residual_[static_cast<size_t>(l)];
+  recompute_dropped(l);
 
   // MLP branch: dresidual flows both into the branch and along the residual.
   Tensor dact = act({B, T, F});

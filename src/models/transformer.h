@@ -74,6 +74,22 @@ struct AttentionSettings {
   std::shared_ptr<const attention::KernelConfigFile> kernel_configs = nullptr;
 };
 
+// What each layer keeps from the forward for backward, and what its backward recomputes first
+// (`flashtrain train --recompute`). The recomputation runs the forward's own ops on the inputs
+// that were kept, with the same weights and in the same order (the forward draws no random
+// numbers), so every mode gives the same losses and gradients as none, bit for bit.
+enum class Recompute {
+  none,  // keep everything the backward reads
+  // Drop q, k and v (recomputed from norm1's output: qkv GEMM, split, RoPE). Flash keeps its o
+  // and lse (its backward reads them, and re-running it would be the costly part); naive drops
+  // its whole forward output, S x S probabilities included, and re-runs its forward.
+  attention,
+  mlp,    // drop the MLP's F-wide tensors (fc, gate, activation), recomputed from norm2's output
+  block,  // keep only the layer's input (the residual stream); backward re-runs its forward
+};
+const char* recompute_name(Recompute mode);
+Recompute parse_recompute(const std::string& name);  // none|attention|mlp|block
+
 // Called by backward() once per parameter, as soon as its gradient is complete, with the
 // parameter's index in parameters(): the last layers' first (the order is the same every time).
 using GradientReady = std::function<void(size_t param_index)>;
@@ -130,6 +146,15 @@ class Transformer {
   // saved tensors): naive's S x S probabilities and log-sum-exp rows, flash's log-sum-exp rows
   // and, with segment ids, their chunk summary (0 before any forward).
   int64_t attention_saved_bytes() const { return attention_saved_bytes_; }
+  // Bytes all layers kept from the last forward for backward (0 before any forward): each
+  // layer's input and what its cache holds under the recompute mode. What only the top of the
+  // model keeps (the final norm, the logits) is not counted: no mode changes it.
+  int64_t saved_activation_bytes() const { return saved_activation_bytes_; }
+
+  // What the next forward keeps for backward (none by default). Every mode gives the same
+  // losses and gradients, so it may change between steps.
+  void set_recompute(Recompute mode) { recompute_ = mode; }
+  Recompute recompute() const { return recompute_; }
 
   // Backpropagates the last forward(); d(loss) = loss_scale, parameter grads accumulate.
   // ready (optional) hears of each parameter whose gradient this backward has completed.
@@ -172,6 +197,19 @@ class Transformer {
   void run_forward(const Tensor& tokens, const Tensor& segment_ids, KvCache* kv = nullptr);
   // Also normalises x_out for its reader (norm_reading(l + 1)).
   void layer_forward(int64_t l, const Tensor& x_in, Tensor& x_out, KvCache* kv = nullptr);
+  // The parts of layer_forward that backward may re-run (models/recompute.cpp), each from what
+  // the one before left in the layer's cache: q, k, v from norm1 (RoPE at positions from
+  // `past`); the attention's output over the whole sequence; the residual after attention and
+  // norm2 (from x_in and the attention's output); the MLP's hidden activations from norm2.
+  void attention_inputs(int64_t l, LayerCache& c, int64_t past);
+  void attention_forward(int64_t l, LayerCache& c);
+  void attention_output(int64_t l, LayerCache& c, const Tensor& x_in);
+  void mlp_hidden(int64_t l, LayerCache& c);
+  // After layer l's forward: release what the recompute mode does not keep.
+  void drop_recomputable(LayerCache& c) const;
+  // Before layer l's backward: recompute what drop_recomputable() released.
+  void recompute_dropped(int64_t l);
+  int64_t kept_bytes() const;  // of the layers, as saved_activation_bytes() reports it
   // The attention of layer l for the current token over the cache (decode step).
   void cached_attention(int64_t l, LayerCache& c, KvCache& kv);
   // dresidual: d loss / d x_out on entry, d loss / d x_in on return (updated in place).
@@ -215,7 +253,8 @@ class Transformer {
   Tensor tokens_, targets_, segment_ids_;
   std::vector<Tensor> residual_;  // residual_[l] is layer l's input; residual_[L] the output
   std::vector<LayerCache> cache_;
-  int64_t attention_saved_bytes_ = 0;
+  int64_t attention_saved_bytes_ = 0, saved_activation_bytes_ = 0;
+  Recompute recompute_ = Recompute::none;
   NormOutput final_norm_;
   Tensor logits_, losses_;
   bool have_targets_ = false;

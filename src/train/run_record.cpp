@@ -14,15 +14,20 @@ using nlohmann::json;
 
 // Declared safe: the same computation by another implementation, on another device, with
 // another summation order (deterministic, or other kernel tiles: kernel_config and the
-// configurations it gave), or spread over another number of ranks (the same micro-batches per
-// step: sums in another order).
+// configurations it gave), spread over another number of ranks (the same micro-batches per
+// step: sums in another order), or keeping other activations for backward (recompute: the same
+// ops again, the same losses bit for bit).
 const std::set<std::string> kSafe = {"attention",     "device",         "deterministic",
                                      "kernel_config", "kernel_configs", "world_size",
-                                     "zero"};
+                                     "zero",          "recompute"};
 // What a record without the key means (records of one process leave world_size and zero out,
-// runs without --kernel-config the kernel configurations).
-const std::map<std::string, json> kImplied = {
-    {"world_size", 1}, {"zero", 0}, {"kernel_config", "built-in"}, {"kernel_configs", "built-in"}};
+// runs without --kernel-config the kernel configurations, records older than --recompute keep
+// everything).
+const std::map<std::string, json> kImplied = {{"world_size", 1},
+                                              {"zero", 0},
+                                              {"kernel_config", "built-in"},
+                                              {"kernel_configs", "built-in"},
+                                              {"recompute", "none"}};
 
 json implied(const json& record, const std::string& key) {
   if (record.contains(key)) return record.at(key);
@@ -86,6 +91,7 @@ json make_run_record(const TrainConfig& c, const models::ModelConfig& m, int64_t
           {"global_every", c.attention.global_every},
           {"deterministic", c.attention.deterministic},
           {"doc_mask", c.doc_mask},
+          {"recompute", models::recompute_name(c.recompute)},
           {"batch_size", c.batch_size},
           {"seq_len", c.seq_len},
           {"accumulation", accum},
@@ -158,14 +164,14 @@ std::vector<std::string> check_resume(const json& saved, const json& now, int64_
   }
   if (!refused.empty()) {
     for (const std::string& line : schedule_changes) refused.push_back(line);
-    throw Error(
-        str(state_path,
-            ": written for a different run; --resume refuses what would "
-            "change its losses (saved -> now): ",
-            join(refused, ", "),
-            ". Safe to change: --attention, --device, --deterministic, --kernel-config, the "
-            "number of ranks and --zero, and --steps under a schedule that keeps the "
-            "learning rates of the steps already run"));
+    throw Error(str(
+        state_path,
+        ": written for a different run; --resume refuses what would "
+        "change its losses (saved -> now): ",
+        join(refused, ", "),
+        ". Safe to change: --attention, --device, --deterministic, --kernel-config, "
+        "--recompute, the number of ranks and --zero, and --steps under a schedule that keeps the "
+        "learning rates of the steps already run"));
   }
   return accepted;
 }

@@ -11,7 +11,8 @@
 //     compute the same attention; their fp32 losses agree to 1e-5, not bit for bit),
 //     --deterministic and --kernel-config (the file and the kernel configurations it gave: the
 //     same attention with its sums in another order), --device (CPU and GPU agree within the
-//     same tolerances), the number of ranks and --zero
+//     same tolerances), --recompute (the same ops run again in backward: the same losses bit
+//     for bit), the number of ranks and --zero
 //     (the batch layout counts micro-batches per step over all ranks, so another world size
 //     trains on the same micro-batches; only the order of the gradient sums differs, and a
 //     ZeRO-1 state is saved whole);

@@ -42,7 +42,8 @@ nlohmann::json to_json(const StepRecord& r) {
                       {"grad_norm", r.grad_norm},
                       {"peak_used_mb", r.peak_used_mb},
                       {"peak_reserved_mb", r.peak_reserved_mb},
-                      {"attention_saved_mb", r.attention_saved_mb}};
+                      {"attention_saved_mb", r.attention_saved_mb},
+                      {"activations_saved_mb", r.activations_saved_mb}};
   if (r.val_loss) j["val_loss"] = *r.val_loss;
   if (r.elapsed_s) j["elapsed_s"] = *r.elapsed_s;
   if (r.eta_s) j["eta_s"] = *r.eta_s;

@@ -27,6 +27,9 @@ struct StepRecord {
   // What the attention of all layers keeps for backward (JSON only): summarize's expected
   // memory saving of flash over naive is the difference of the two runs' values.
   double attention_saved_mb = 0.0;
+  // What all layers keep for backward (JSON only): their inputs and caches, attention's
+  // included, under the run's --recompute mode.
+  double activations_saved_mb = 0.0;
   std::optional<double> val_loss;
   // Progress, printed after the InfiniTrain fields (readers skip them): wall time since this
   // process started training, the estimate of the time left, tokens trained on so far.

@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -322,6 +323,7 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
   // Buckets of the layout split into equal, aligned chunks per rank (ZeRO-1).
   models::Transformer model(mc, c.dtype, run_attention, c.device,
                             models::kParameterAlignment * ranks);
+  model.set_recompute(c.recompute);
   // Every configuration the file gives is checked now: one that cannot run is an error at the
   // start, naming its row, not in step 1.
   const std::vector<attention::KernelConfigChoice> kernels =
@@ -385,6 +387,9 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
     out << ")";
   }
   if (eot) out << ", doc mask at end-of-text " << *eot;
+  if (c.recompute != models::Recompute::none) {
+    out << ", recompute " << models::recompute_name(c.recompute);
+  }
   out << ", batch " << c.batch_size << " x seq " << c.seq_len << " x accumulation " << accum
       << " = " << tokens_per_step << " tokens per step\n"
       << "data:      " << c.train_data << " (" << train_loader.num_tokens() << " tokens)";
@@ -431,6 +436,7 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
                                 {"window", c.attention.window},
                                 {"global_every", c.attention.global_every},
                                 {"doc_mask", c.doc_mask},
+                                {"recompute", models::recompute_name(c.recompute)},
                                 {"batch_size", c.batch_size},
                                 {"seq_len", c.seq_len},
                                 {"tokens_per_step", tokens_per_step},
@@ -474,6 +480,9 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
   };
   const auto loop_start = Clock::now();
   bool interrupted = false;
+  // The most the layers kept for backward in one micro-batch, read after each step's last
+  // backward (evaluation and samples run forwards of other shapes afterwards).
+  int64_t kept_bytes = 0;
 
   // A failure inside the loop is recorded in the log before it propagates, so that the log of
   // a run that stopped says why: {"event": "error", "step", "kind", "message"}, kind
@@ -534,6 +543,8 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
       r.peak_used_mb = to_mb(mem.peak_used_bytes);
       r.peak_reserved_mb = to_mb(mem.peak_reserved_bytes);
       r.attention_saved_mb = to_mb(model.attention_saved_bytes());
+      r.activations_saved_mb = to_mb(model.saved_activation_bytes());
+      kept_bytes = std::max(kept_bytes, model.saved_activation_bytes());
       const double elapsed_s = elapsed_ms(loop_start) / 1000.0;
       r.elapsed_s = elapsed_s;
       r.eta_s = elapsed_s / static_cast<double>(step - first_step + 1) *
@@ -595,6 +606,9 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
   out << " | " << static_cast<int64_t>(summary.tokens_per_second) << " tok/s | "
       << summary.mean_step_ms << " ms/step (mean over " << timed_steps << " steps) | "
       << done * tokens_per_step << " tokens | " << elapsed_ms(loop_start) / 1000.0 << " s\n";
+  out << "memory:    the layers kept " << to_mb(kept_bytes)
+      << " MB of activations per micro-batch for backward (--recompute "
+      << models::recompute_name(c.recompute) << ")\n";
   if (!c.save_path.empty()) {
     out << "saved:     " << c.save_path << " (+ .state for --resume) after step " << done << "\n";
   }
@@ -612,7 +626,8 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
              {"final_train_loss", summary.final_train_loss},
              {"final_val_loss", summary.final_val_loss},
              {"tok_per_s", summary.tokens_per_second},
-             {"mean_step_ms", summary.mean_step_ms}});
+             {"mean_step_ms", summary.mean_step_ms},
+             {"activations_saved_mb", to_mb(kept_bytes)}});
   if (interrupted) {
     log.write({{"event", "interrupted"},
                {"step", done},

@@ -44,6 +44,9 @@ struct TrainConfig {
   Device device = Device::cpu;
   bool tf32 = false;  // let fp32 GEMMs on the GPU use TF32 tensor cores
   models::AttentionSettings attention;
+  // What each layer keeps for backward and recomputes there (models/transformer.h); the losses
+  // are the same in every mode, bit for bit.
+  models::Recompute recompute = models::Recompute::none;
   // A kernel-config file (attention/kernel_config_file.h) whose rows the CUDA flash kernels take
   // before the built-in table (flash on the GPU only); "" for none.
   std::string kernel_config_path;

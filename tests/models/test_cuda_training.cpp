@@ -218,6 +218,39 @@ TEST(CudaTrainer, FlashTrainsBitIdenticallyInDeterministicMode) {
   EXPECT_LT(a.losses.back(), a.losses.front());
 }
 
+// --recompute on the GPU: bf16 flash training in every mode gives the losses of none bit for
+// bit. The recomputed activations are the dropped ones because every kernel gives the same bits
+// on the same inputs; the one that would not (the bf16 flash backward's dQ sums) runs in its
+// deterministic mode, so the comparison sees only what recompute changes.
+TEST(CudaTrainer, RecomputeModesTrainBitIdenticallyToNone) {
+  REQUIRE_GPU();
+  for (const std::string model : {"gpt2-tiny", "llama3-tiny"}) {
+    train::TrainConfig c;
+    c.model = model;
+    c.overrides.width = 256;  // 4 heads of 64 (the tma backward's head dims are 64 and 128)
+    c.train_data = test::source_path("data/tinyshakespeare_train.bin");
+    c.val_data.clear();
+    c.tokenizer = test::source_path("data/gpt2_tokenizer.bin");
+    c.device = Device::cuda;
+    c.dtype = DType::bf16;
+    c.attention.impl = attention::Impl::flash;
+    c.attention.deterministic = true;
+    c.batch_size = 4;
+    c.seq_len = 256;
+    c.total_batch_size = 2 * c.batch_size * c.seq_len;
+    c.steps = 4;
+    c.lr = 3e-3;
+    c.sample_tokens = 0;
+    c.quiet = true;
+    std::ostringstream out;
+    const train::TrainSummary none = train::train(c, out);
+    for (Recompute mode : {Recompute::attention, Recompute::mlp, Recompute::block}) {
+      c.recompute = mode;
+      EXPECT_EQ(train::train(c, out).losses, none.losses) << model << " " << recompute_name(mode);
+    }
+  }
+}
+
 // A kernel-config file reaches every attention call: its row is what flash_kernel_configs()
 // reports and what the kernels run (an unchecked row that can_implement refuses fails the
 // forward, named), a runnable row trains as the built-in one does (bf16, within rounding), and

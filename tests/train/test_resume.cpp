@@ -115,6 +115,26 @@ TEST(RunRecord, KernelConfigIsASafeChange) {
   EXPECT_NE(refusal(now, other, 10).find("--kernel-config"), std::string::npos);
 }
 
+// --recompute keeps other activations and recomputes the rest with the same ops: the same
+// losses bit for bit, so a resume may change it. A record without the key kept everything.
+TEST(RunRecord, RecomputeIsASafeChange) {
+  const json saved = record();
+  EXPECT_EQ(saved.at("recompute"), "none");
+  json now = saved;
+  now["recompute"] = "block";
+  const std::vector<std::string> changes = check_resume(saved, now, 10, false, "s");
+  ASSERT_EQ(changes.size(), 1u);
+  EXPECT_EQ(changes[0], "recompute: none -> block");
+  json older = saved;
+  older.erase("recompute");
+  EXPECT_TRUE(check_resume(older, saved, 10, false, "s").empty());
+  EXPECT_EQ(check_resume(older, now, 10, false, "s"),
+            std::vector<std::string>{"recompute: none -> block"});
+  json other = now;
+  other["seed"] = 2;
+  EXPECT_NE(refusal(now, other, 10).find("--recompute"), std::string::npos);
+}
+
 TEST(RunRecord, MoreStepsOnlyWhenTheRatesSoFarStayOrTheChangeIsAllowed) {
   const json saved = record();  // cosine over 20 steps, warm-up 5
   json longer = saved;

@@ -221,11 +221,13 @@ nlohmann::json profile_event(const std::string& log_path) {
   return {};
 }
 
-// The families each model's step runs: GPT-2 has no RoPE; one process, no all-reduce.
-std::vector<std::string> expected_rows(const std::string& model) {
+// The families a step of c runs: GPT-2 has no RoPE; one process, no all-reduce; recompute only
+// with --recompute.
+std::vector<std::string> expected_rows(const TrainConfig& c) {
   std::vector<std::string> rows;
   for (const std::string& name : family_names()) {
-    if (name == "all-reduce" || (name == "rope" && model == "gpt2-tiny")) continue;
+    if (name == "all-reduce" || (name == "rope" && c.model == "gpt2-tiny")) continue;
+    if (name == "recompute" && c.recompute == models::Recompute::none) continue;
     rows.push_back(name);
   }
   rows.push_back("other (unattributed)");
@@ -274,7 +276,7 @@ void check_profiled_run(TrainConfig c, bool floors) {
       EXPECT_EQ(row["floor_per_s"].is_null(), !floors || transfer) << name;
     }
   }
-  EXPECT_EQ(rows, expected_rows(c.model));
+  EXPECT_EQ(rows, expected_rows(c));
   EXPECT_GT(step_ms, 0.0);
   EXPECT_LE(sum, step_ms);
 }
@@ -287,6 +289,11 @@ TEST(ProfiledTraining, ShowsEveryFamilyAndKeepsTheLossesBitForBit) {
     c.doc_mask = doc_mask;
     check_profiled_run(c, false);
   }
+  // --recompute: the re-run forward is a row of its own, and the losses stay.
+  SCOPED_TRACE("gpt2-tiny with --recompute block");
+  TrainConfig c = tiny_run("gpt2-tiny");
+  c.recompute = models::Recompute::block;
+  check_profiled_run(c, false);
 }
 
 // The same on the GPU (CUDA events), fp32 (deterministic there too), naive and flash.
