@@ -13,8 +13,15 @@ src="${FROM:-build-gpu/bench_attention_gpu}"
 [ -x "$src" ] || { echo "no executable at $src (build bench_attention_gpu first)" >&2; exit 1; }
 mkdir -p "build-gpu/variants/$name"
 strip -o "build-gpu/variants/$name/bench_attention_gpu" "$src"
-{ git rev-parse --short HEAD; git diff --quiet HEAD -- || echo dirty; } | paste -sd' ' \
-  >"build-gpu/variants/$name/GIT_COMMIT"
+# The commit of the checkout the binary was built in (FROM may be another worktree's build;
+# a binary kept outside any checkout says "unknown").
+repo="$(dirname "$src")"
+if git -C "$repo" rev-parse --short HEAD >/dev/null 2>&1; then
+  { git -C "$repo" rev-parse --short HEAD; git -C "$repo" diff --quiet HEAD -- || echo dirty; } |
+    paste -sd' ' >"build-gpu/variants/$name/GIT_COMMIT"
+else
+  echo unknown >"build-gpu/variants/$name/GIT_COMMIT"
+fi
 tar -C build-gpu -cJf build-gpu/variants.tar.xz variants
 echo "variant $name from $src; build-gpu/variants.tar.xz: $(du -h build-gpu/variants.tar.xz | cut -f1)" \
   "($(ls build-gpu/variants | tr '\n' ' '))"
