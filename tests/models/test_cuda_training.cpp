@@ -189,14 +189,12 @@ TEST(CudaTrainer, TrainsDeterministicallyAndReportsMemory) {
   EXPECT_NE(out_a.str().find("peak reserved"), std::string::npos);
 }
 
-// Deterministic attention (TrainConfig's attention.deterministic, `train --deterministic`): bf16
-// flash training gives the same losses bit for bit, run after run, with the dQ parts of several
-// key blocks meeting in every query tile (head dim 64, 256 positions: two key blocks of 128).
-TEST(CudaTrainer, FlashTrainsBitIdenticallyInDeterministicMode) {
-  REQUIRE_GPU();
+// bf16 flash training of a tiny model at head dim 64 (width 256: 4 heads of 64, a head dim of
+// the tma backward) with the deterministic attention backward, on the Shakespeare shards.
+train::TrainConfig deterministic_flash_run(const std::string& model) {
   train::TrainConfig c;
-  c.model = "llama3-tiny";
-  c.overrides.width = 256;  // 4 heads of 64 (the tma backward's head dims are 64 and 128)
+  c.model = model;
+  c.overrides.width = 256;
   c.train_data = test::source_path("data/tinyshakespeare_train.bin");
   c.val_data.clear();
   c.tokenizer = test::source_path("data/gpt2_tokenizer.bin");
@@ -204,11 +202,20 @@ TEST(CudaTrainer, FlashTrainsBitIdenticallyInDeterministicMode) {
   c.dtype = DType::bf16;
   c.attention.impl = attention::Impl::flash;
   c.attention.deterministic = true;
+  c.lr = 3e-3;
+  c.sample_tokens = 0;
+  return c;
+}
+
+// Deterministic attention (TrainConfig's attention.deterministic, `train --deterministic`): bf16
+// flash training gives the same losses bit for bit, run after run, with the dQ parts of several
+// key blocks meeting in every query tile (head dim 64, 256 positions: two key blocks of 128).
+TEST(CudaTrainer, FlashTrainsBitIdenticallyInDeterministicMode) {
+  REQUIRE_GPU();
+  train::TrainConfig c = deterministic_flash_run("llama3-tiny");
   c.batch_size = 8;
   c.seq_len = 256;
   c.steps = 10;
-  c.lr = 3e-3;
-  c.sample_tokens = 0;
   std::ostringstream out_a, out_b, out_c;
   const train::TrainSummary a = train::train(c, out_a);
   const train::TrainSummary b = train::train(c, out_b);
@@ -225,22 +232,11 @@ TEST(CudaTrainer, FlashTrainsBitIdenticallyInDeterministicMode) {
 TEST(CudaTrainer, RecomputeModesTrainBitIdenticallyToNone) {
   REQUIRE_GPU();
   for (const std::string model : {"gpt2-tiny", "llama3-tiny"}) {
-    train::TrainConfig c;
-    c.model = model;
-    c.overrides.width = 256;  // 4 heads of 64 (the tma backward's head dims are 64 and 128)
-    c.train_data = test::source_path("data/tinyshakespeare_train.bin");
-    c.val_data.clear();
-    c.tokenizer = test::source_path("data/gpt2_tokenizer.bin");
-    c.device = Device::cuda;
-    c.dtype = DType::bf16;
-    c.attention.impl = attention::Impl::flash;
-    c.attention.deterministic = true;
+    train::TrainConfig c = deterministic_flash_run(model);
     c.batch_size = 4;
     c.seq_len = 256;
     c.total_batch_size = 2 * c.batch_size * c.seq_len;
     c.steps = 4;
-    c.lr = 3e-3;
-    c.sample_tokens = 0;
     c.quiet = true;
     std::ostringstream out;
     const train::TrainSummary none = train::train(c, out);
