@@ -68,6 +68,7 @@ struct TrainFlags {
   train::TrainConfig config;
   std::string dtype = "fp32", device = "auto", attention = "naive", lr_schedule = "cosine";
   std::string recompute = "none";
+  std::string classifier_chunk = "auto";
   std::string dist = "auto", comm_dtype = "auto";
   std::string profile;  // --profile [STEP]: empty without a value
   double dist_timeout = 600.0;
@@ -84,6 +85,23 @@ std::optional<int64_t> override_flag(const CLI::App& cmd, const char* flag, int6
 }
 
 // --profile's value: a step number >= 1, or none (0: the trainer's default step).
+// --classifier-chunk: auto or a row count >= 0.
+int64_t classifier_chunk_rows(const std::string& value) {
+  if (value == "auto") return train::TrainConfig::kAutoClassifierChunk;
+  size_t used = 0;
+  int64_t rows = -1;
+  try {
+    rows = std::stoll(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  FT_CHECK(used == value.size() && rows >= 0,
+           "--classifier-chunk takes auto or a number of rows >= 0 (0: the whole micro-batch), "
+           "got '",
+           value, "'");
+  return rows;
+}
+
 int64_t profile_step(const std::string& value) {
   if (value.empty()) return 0;
   size_t used = 0;
@@ -153,6 +171,7 @@ void run(TrainFlags& f) {
   c.device = resolve_device(f.device, launch.rank == 0 ? std::cout : null_out, &gpu);
   c.attention.impl = attention::parse_impl(f.attention);
   c.recompute = models::parse_recompute(f.recompute);
+  c.classifier_chunk = classifier_chunk_rows(f.classifier_chunk);
   FT_CHECK(c.attention.impl != attention::Impl::reference,
            "--attention reference is the fp64 test oracle; train with naive or flash");
   FT_CHECK(f.dist_timeout > 0, "--dist-timeout must be > 0 seconds, got ", f.dist_timeout);
@@ -263,6 +282,13 @@ void add_train_command(CLI::App& app) {
                   "activations) or block (only each layer's input: backward re-runs the "
                   "layer's forward). The losses do not change; safe to change on --resume")
       ->check(CLI::IsMember({"none", "attention", "mlp", "block"}))
+      ->capture_default_str();
+  cmd->add_option("--classifier-chunk", flags->classifier_chunk,
+                  "Rows of a micro-batch the classifier and the loss take at a time, so that the "
+                  "logits of the whole micro-batch never exist: auto (chunks of at most 256 MiB "
+                  "of logits; the whole micro-batch when it fits), a row count, or 0 (the whole "
+                  "micro-batch). Each chunk's gradients are formed as soon as its loss is: no "
+                  "extra work. Safe to change on --resume")
       ->capture_default_str();
   cmd->add_option("--kernel-config", c.kernel_config_path,
                   "Kernel-config file (JSON, e.g. from `flashtrain sweep --emit-kernel-config`): "

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "core/device.h"
 #include "core/error.h"
@@ -442,6 +443,9 @@ void Transformer::run_forward(const Tensor& tokens, const Tensor& segment_ids, K
              dtype_name(segment_ids.dtype()), " ", shape_str(segment_ids.shape()));
   }
   tokens_ = tokens;
+  // The last call's logits (or gradients) go before this forward allocates anything.
+  logits_ = Tensor();
+  dnorm_ = Tensor();
   ProfileRegion region(profile_);
   // Once per forward, not once per layer: every layer's attention (and backward) reads this copy.
   if (segment_ids.defined() && segment_ids.device() != device_) {
@@ -484,41 +488,120 @@ void Transformer::run_forward(const Tensor& tokens, const Tensor& segment_ids, K
   }
   attention_saved_bytes_ = static_cast<int64_t>(attention_bytes);
   saved_activation_bytes_ = kept_bytes();
-  Parameter* head = w_->head ? w_->head : w_->wte;
   if (kv) {
     kv->length += T_;
     logits_ = act({1, config_.padded_vocab_size});
-    nn::linear_forward(logits_, final_norm_.out.view({T_, C}).slice(T_ - 1, T_), head->compute,
-                       Tensor());
-    return;
+    logits_bytes_ = logits_.nbytes();
+    nn::linear_forward(logits_, final_norm_.out.view({T_, C}).slice(T_ - 1, T_),
+                       head_parameter()->compute, Tensor());
   }
-  logits_ = act({B_ * T_, config_.padded_vocab_size});
-  region.enter(OpFamily::gemm_classifier, gemm_flops(B_ * T_, head));
-  nn::linear_forward(logits_, final_norm_.out.view({B_ * T_, C}), head->compute, Tensor());
+  // Without a cache the classifier runs in forward_logits(), forward() or forward_train().
 }
 
 void Transformer::forward_logits(const Tensor& tokens, const Tensor& segment_ids) {
   run_forward(tokens, segment_ids);
   have_targets_ = false;
+  head_loss_scale_.reset();
+  logits_ = act({B_ * T_, config_.padded_vocab_size});
+  logits_bytes_ = logits_.nbytes();
+  const ProfileRegion region(profile_, OpFamily::gemm_classifier,
+                             gemm_flops(B_ * T_, head_parameter()));
+  nn::linear_forward(logits_, final_norm_.out.view({B_ * T_, config_.n_embd}),
+                     head_parameter()->compute, Tensor());
 }
 
-double Transformer::forward(const Tensor& tokens, const Tensor& targets,
-                            const Tensor& segment_ids) {
-  FT_CHECK(targets.shape() == tokens.shape() && targets.dtype() == DType::i32,
-           "targets must be int32 ", shape_str(tokens.shape()), ", got ",
-           dtype_name(targets.dtype()), " ", shape_str(targets.shape()));
-  run_forward(tokens, segment_ids);
-  targets_ = targets;
-  losses_ = Tensor::empty({B_ * T_}, master_dtype_, device_);
-  Tensor no_grad;
-  const ProfileRegion region(profile_, OpFamily::classifier_loss, traffic(logits_, 1));
-  nn::softmax_cross_entropy(losses_, no_grad, logits_, targets.view({B_ * T_}), config_.vocab_size,
-                            0.0);
-  have_targets_ = true;
+int64_t auto_classifier_chunk(const ModelConfig& config, DType compute_dtype, int64_t rows) {
+  constexpr int64_t kTile = 128;
+  const int64_t row_bytes =
+      config.padded_vocab_size * static_cast<int64_t>(dtype_size(compute_dtype));
+  const int64_t most = std::max(kTile, kClassifierChunkBytes / row_bytes / kTile * kTile);
+  if (rows <= most) return 0;
+  const int64_t chunks = (rows + most - 1) / most;
+  const int64_t even = (rows + chunks - 1) / chunks;
+  return std::min(most, (even + kTile - 1) / kTile * kTile);
+}
+
+void Transformer::set_classifier_chunk(int64_t rows) {
+  FT_CHECK(rows >= 0, "classifier chunk ", rows, " must be >= 0 rows (0: the whole batch)");
+  classifier_chunk_ = rows;
+}
+
+Parameter* Transformer::head_parameter() const {
+  return w_->head ? w_->head : w_->wte;
+}
+
+void Transformer::classifier_rows(int64_t r0, int64_t r1, Tensor& logits, bool have_logits,
+                                  std::optional<double> dloss) {
+  const int64_t C = config_.n_embd, N = B_ * T_;
+  Parameter* head = head_parameter();
+  const Tensor h = final_norm_.out.view({N, C}).slice(r0, r1);
+  ProfileRegion region(profile_);
+  if (!have_logits) {
+    region.enter(OpFamily::gemm_classifier, gemm_flops(r1 - r0, head));
+    nn::linear_forward(logits, h, head->compute, Tensor());
+  }
+  Tensor losses = losses_.slice(r0, r1);
+  Tensor dlogits = dloss ? logits : Tensor();  // the fused loss writes dlogits over the logits
+  region.enter(OpFamily::classifier_loss, traffic(logits, dloss ? 2 : 1));
+  nn::softmax_cross_entropy(losses, dlogits, logits, targets_.view({N}).slice(r0, r1),
+                            config_.vocab_size, dloss.value_or(0.0));
+  if (!dloss) return;
+  Tensor dh = dnorm_.view({N, C}).slice(r0, r1);
+  Tensor no_bias;
+  region.enter(OpFamily::gemm_classifier, 2 * gemm_flops(r1 - r0, head));
+  nn::linear_backward(dh, head->grad, no_bias, logits, h, head->compute);
+}
+
+void Transformer::classify(std::optional<double> dloss) {
+  const int64_t N = B_ * T_, Vp = config_.padded_vocab_size;
+  losses_ = Tensor::empty({N}, master_dtype_, device_);
+  if (dloss) dnorm_ = act({B_, T_, config_.n_embd});
+  const int64_t chunk = classifier_chunk_ == 0 ? N : std::min(classifier_chunk_, N);
+  // One chunk's logits buffer, reused by every chunk. A forward() over one chunk keeps its
+  // logits for backward() (and logits()); otherwise no chunk's logits outlive the chunk.
+  Tensor buffer = act({chunk, Vp});
+  logits_bytes_ = buffer.nbytes();
+  for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+    const int64_t r1 = std::min(N, r0 + chunk);
+    Tensor logits = buffer.slice(0, r1 - r0);
+    classifier_rows(r0, r1, logits, false, dloss);
+  }
+  logits_ = chunk == N && !dloss ? buffer : Tensor();
+}
+
+double Transformer::mean_loss() const {
   const Tensor l64 = losses_.to(Device::cpu).to(DType::f64);
   double sum = 0.0;
   for (int64_t i = 0; i < l64.numel(); ++i) sum += l64.data<double>()[i];
   return sum / static_cast<double>(B_ * T_);
+}
+
+void Transformer::check_targets(const Tensor& tokens, const Tensor& targets) const {
+  FT_CHECK(targets.shape() == tokens.shape() && targets.dtype() == DType::i32,
+           "targets must be int32 ", shape_str(tokens.shape()), ", got ",
+           dtype_name(targets.dtype()), " ", shape_str(targets.shape()));
+}
+
+double Transformer::forward(const Tensor& tokens, const Tensor& targets,
+                            const Tensor& segment_ids) {
+  check_targets(tokens, targets);
+  run_forward(tokens, segment_ids);
+  targets_ = targets;
+  head_loss_scale_.reset();
+  classify(std::nullopt);
+  have_targets_ = true;
+  return mean_loss();
+}
+
+double Transformer::forward_train(const Tensor& tokens, const Tensor& targets, double loss_scale,
+                                  const Tensor& segment_ids) {
+  check_targets(tokens, targets);
+  run_forward(tokens, segment_ids);
+  targets_ = targets;
+  classify(loss_scale / static_cast<double>(B_ * T_));
+  head_loss_scale_ = loss_scale;
+  have_targets_ = true;
+  return mean_loss();
 }
 
 void Transformer::layer_backward(int64_t l, Tensor& dresidual) {
@@ -594,23 +677,28 @@ void Transformer::layer_backward(int64_t l, Tensor& dresidual) {
 void Transformer::backward(double loss_scale, const GradientReady& ready) {
   FT_CHECK(have_targets_, "backward() needs a forward() with targets first");
   const int64_t C = config_.n_embd, N = B_ * T_, L = config_.n_layer;
-  // The fused classifier writes dlogits over the logits buffer.
-  ProfileRegion region(profile_, OpFamily::classifier_loss, traffic(logits_, 2));
-  nn::softmax_cross_entropy(losses_, logits_, logits_, targets_.view({N}), config_.vocab_size,
-                            loss_scale / static_cast<double>(N));
-  Parameter* head = w_->head ? w_->head : w_->wte;
-  Tensor dnorm = act({B_, T_, C});
-  Tensor no_bias;
-  Tensor dnorm_flat = dnorm.view({N, C});
-  region.enter(OpFamily::gemm_classifier, 2 * gemm_flops(N, head));
-  nn::linear_backward(dnorm_flat, head->grad, no_bias, logits_, final_norm_.out.view({N, C}),
-                      head->compute);
-  region.leave();
+  const double dloss = loss_scale / static_cast<double>(N);
+  if (head_loss_scale_) {
+    FT_CHECK(*head_loss_scale_ == loss_scale, "backward(", loss_scale,
+             ") after forward_train(..., ", *head_loss_scale_,
+             "): the classifier's gradients were formed for that scale");
+  } else if (logits_.defined()) {
+    // forward() over one chunk kept the logits: their loss and gradients without a second GEMM.
+    dnorm_ = act({B_, T_, C});
+    classifier_rows(0, N, logits_, true, dloss);
+    logits_ = Tensor();
+  } else {
+    classify(dloss);  // forward() walked the rows in chunks: each chunk's logits again
+  }
+  head_loss_scale_.reset();
+  Tensor dnorm = std::exchange(dnorm_, Tensor());
+  ProfileRegion region(profile_);
   report_ready(ready, {w_->head});  // a tied head (wte) is complete after the embedding
   // One residual gradient buffer for the whole stack: each layer adds its branches into it.
   Tensor dresidual = act({B_, T_, C});
   region.enter(OpFamily::norm, traffic(dnorm, 3));
   norm_backward(dresidual, dnorm, residual_.back(), norm_weights_reading(L), final_norm_, false);
+  dnorm = Tensor();
   region.leave();
   report_ready(ready, {w_->normf_w, w_->normf_b});
   for (int64_t l = L - 1; l >= 0; --l) {

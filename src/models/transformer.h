@@ -22,6 +22,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -90,6 +91,13 @@ enum class Recompute {
 const char* recompute_name(Recompute mode);
 Recompute parse_recompute(const std::string& name);  // none|attention|mlp|block
 
+// The logits bytes one classifier chunk of `flashtrain train` takes at most by default.
+inline constexpr int64_t kClassifierChunkBytes = int64_t{256} << 20;
+// Rows per classifier chunk (Transformer::set_classifier_chunk) for micro-batches of `rows`
+// rows: equal chunks, each a multiple of 128 rows (GEMM tiles) whose logits in the compute
+// dtype take at most kClassifierChunkBytes; 0 (the whole batch as one chunk) when it fits.
+int64_t auto_classifier_chunk(const ModelConfig& config, DType compute_dtype, int64_t rows);
+
 // Called by backward() once per parameter, as soon as its gradient is complete, with the
 // parameter's index in parameters(): the last layers' first (the order is the same every time).
 using GradientReady = std::function<void(size_t param_index)>;
@@ -118,10 +126,29 @@ class Transformer {
   // segment_ids (optional, int32 [B, T], on the CPU or the model's device) restricts attention
   // to documents in every layer (a window, if set, applies on top in the windowed layers); a
   // CPU tensor is copied to the model's device once per call.
+  // With the whole batch as one classifier chunk (the default), logits() then holds the
+  // logits until backward() turns them into gradients.
   double forward(const Tensor& tokens, const Tensor& targets, const Tensor& segment_ids = {});
+  // forward() of a training micro-step whose backward(loss_scale) follows: each classifier
+  // chunk's gradients (d loss / d norm_f's output, the head's weight gradient) are formed as soon
+  // as its loss is, so no chunk's logits are kept or computed twice. backward() must then get
+  // the same loss_scale.
+  double forward_train(const Tensor& tokens, const Tensor& targets, double loss_scale,
+                       const Tensor& segment_ids = {});
   // Forward without targets; afterwards logits() holds [B * T, padded_vocab] in compute dtype.
   void forward_logits(const Tensor& tokens, const Tensor& segment_ids = {});
   const Tensor& logits() const { return logits_; }
+
+  // forward() and forward_train() run the classifier and the loss over `rows` rows of the
+  // batch at a time (`flashtrain train --classifier-chunk`), so the logits of the whole batch
+  // never exist at once; 0 (the default): the whole batch as one chunk. A forward() over more
+  // than one chunk keeps no logits, and its backward() computes each chunk's logits again;
+  // forward_train() needs no second pass. Other chunkings give the same losses and gradients up
+  // to the summation order of the head's weight gradient (and of GEMMs of other row counts).
+  void set_classifier_chunk(int64_t rows);
+  int64_t classifier_chunk() const { return classifier_chunk_; }
+  // Bytes of the logits buffer the last forward used (one chunk's rows, or the whole batch's).
+  int64_t logits_bytes() const { return logits_bytes_; }
 
   // A KV cache for up to `capacity` positions (0: the model's context).
   KvCache make_kv_cache(int64_t capacity = 0) const;
@@ -214,6 +241,17 @@ class Transformer {
   void cached_attention(int64_t l, LayerCache& c, KvCache& kv);
   // dresidual: d loss / d x_out on entry, d loss / d x_in on return (updated in place).
   void layer_backward(int64_t l, Tensor& dresidual);
+  Parameter* head_parameter() const;  // the classifier's weight (GPT-2: wte, tied)
+  void check_targets(const Tensor& tokens, const Tensor& targets) const;
+  // The classifier and the loss over the batch, chunk by chunk (classifier_chunk()): losses_,
+  // and with dloss (d loss / d each row's loss) dnorm_ and the head's gradient.
+  void classify(std::optional<double> dloss);
+  // Rows [r0, r1) of classify(): their logits into `logits` (unless have_logits), their losses,
+  // and with dloss the logits turned into dlogits in place, their rows of dnorm_ and the head's
+  // weight gradient accumulated.
+  void classifier_rows(int64_t r0, int64_t r1, Tensor& logits, bool have_logits,
+                       std::optional<double> dloss);
+  double mean_loss() const;                                   // of losses_
   attention::Problem attention_problem(int64_t layer) const;  // of the last forward's batch
   attention::Problem attention_problem(int64_t layer, int64_t batch, int64_t seq_len,
                                        bool with_segments) const;
@@ -257,6 +295,10 @@ class Transformer {
   Recompute recompute_ = Recompute::none;
   NormOutput final_norm_;
   Tensor logits_, losses_;
+  Tensor dnorm_;  // d loss / d norm_f's output, once the classifier's backward has run
+  int64_t classifier_chunk_ = 0, logits_bytes_ = 0;
+  // Set by forward_train(): the loss scale the classifier's gradients were formed for.
+  std::optional<double> head_loss_scale_;
   bool have_targets_ = false;
 };
 

@@ -16,18 +16,21 @@ using nlohmann::json;
 // another summation order (deterministic, or other kernel tiles: kernel_config and the
 // configurations it gave), spread over another number of ranks (the same micro-batches per
 // step: sums in another order), or keeping other activations for backward (recompute: the same
-// ops again, the same losses bit for bit).
+// ops again, the same losses bit for bit), or running the classifier over other chunks of rows
+// (classifier_chunk: the head's gradient summed in another order).
 const std::set<std::string> kSafe = {"attention",     "device",         "deterministic",
                                      "kernel_config", "kernel_configs", "world_size",
-                                     "zero",          "recompute"};
+                                     "zero",          "recompute",      "classifier_chunk"};
 // What a record without the key means (records of one process leave world_size and zero out,
 // runs without --kernel-config the kernel configurations, records older than --recompute keep
-// everything).
+// everything, records older than --classifier-chunk ran the classifier over the whole
+// micro-batch).
 const std::map<std::string, json> kImplied = {{"world_size", 1},
                                               {"zero", 0},
                                               {"kernel_config", "built-in"},
                                               {"kernel_configs", "built-in"},
-                                              {"recompute", "none"}};
+                                              {"recompute", "none"},
+                                              {"classifier_chunk", 0}};
 
 json implied(const json& record, const std::string& key) {
   if (record.contains(key)) return record.at(key);
@@ -92,6 +95,9 @@ json make_run_record(const TrainConfig& c, const models::ModelConfig& m, int64_t
           {"deterministic", c.attention.deterministic},
           {"doc_mask", c.doc_mask},
           {"recompute", models::recompute_name(c.recompute)},
+          {"classifier_chunk", c.classifier_chunk == TrainConfig::kAutoClassifierChunk
+                                   ? json("auto")
+                                   : json(c.classifier_chunk)},
           {"batch_size", c.batch_size},
           {"seq_len", c.seq_len},
           {"accumulation", accum},
@@ -164,14 +170,14 @@ std::vector<std::string> check_resume(const json& saved, const json& now, int64_
   }
   if (!refused.empty()) {
     for (const std::string& line : schedule_changes) refused.push_back(line);
-    throw Error(str(
-        state_path,
-        ": written for a different run; --resume refuses what would "
-        "change its losses (saved -> now): ",
-        join(refused, ", "),
-        ". Safe to change: --attention, --device, --deterministic, --kernel-config, "
-        "--recompute, the number of ranks and --zero, and --steps under a schedule that keeps the "
-        "learning rates of the steps already run"));
+    throw Error(str(state_path,
+                    ": written for a different run; --resume refuses what would "
+                    "change its losses (saved -> now): ",
+                    join(refused, ", "),
+                    ". Safe to change: --attention, --device, --deterministic, --kernel-config, "
+                    "--recompute, --classifier-chunk, the number of ranks and --zero, and --steps "
+                    "under a schedule that keeps the "
+                    "learning rates of the steps already run"));
   }
   return accepted;
 }

@@ -44,6 +44,20 @@ double to_mb(int64_t bytes) {
   return static_cast<double>(bytes) / (1024.0 * 1024.0);
 }
 
+// Bytes of the logits of `rows` rows in the compute dtype.
+int64_t logits_bytes(const models::ModelConfig& mc, DType dtype, int64_t rows) {
+  return rows * mc.padded_vocab_size * static_cast<int64_t>(dtype_size(dtype));
+}
+
+int64_t resolved_classifier_chunk(const TrainConfig& c, const models::ModelConfig& mc) {
+  if (c.classifier_chunk != TrainConfig::kAutoClassifierChunk) {
+    FT_CHECK(c.classifier_chunk >= 0, "--classifier-chunk ", c.classifier_chunk,
+             " must be auto or >= 0 rows (0: the whole micro-batch)");
+    return c.classifier_chunk;
+  }
+  return models::auto_classifier_chunk(mc, c.dtype, c.batch_size * c.seq_len);
+}
+
 // Micro-batches per optimizer step, all ranks together: each rank takes accum / ranks of them.
 int64_t accumulation_steps(const TrainConfig& c, int ranks) {
   const int64_t per_micro = c.batch_size * c.seq_len;
@@ -324,6 +338,9 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
   models::Transformer model(mc, c.dtype, run_attention, c.device,
                             models::kParameterAlignment * ranks);
   model.set_recompute(c.recompute);
+  const int64_t micro_rows = c.batch_size * c.seq_len;
+  const int64_t classifier_chunk = resolved_classifier_chunk(c, mc);
+  model.set_classifier_chunk(classifier_chunk);
   // Every configuration the file gives is checked now: one that cannot run is an error at the
   // start, naming its row, not in step 1.
   const std::vector<attention::KernelConfigChoice> kernels =
@@ -390,6 +407,7 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
   if (c.recompute != models::Recompute::none) {
     out << ", recompute " << models::recompute_name(c.recompute);
   }
+  if (classifier_chunk > 0) out << ", classifier chunks of " << classifier_chunk << " rows";
   out << ", batch " << c.batch_size << " x seq " << c.seq_len << " x accumulation " << accum
       << " = " << tokens_per_step << " tokens per step\n"
       << "data:      " << c.train_data << " (" << train_loader.num_tokens() << " tokens)";
@@ -437,6 +455,7 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
                                 {"global_every", c.attention.global_every},
                                 {"doc_mask", c.doc_mask},
                                 {"recompute", models::recompute_name(c.recompute)},
+                                {"classifier_chunk", classifier_chunk},
                                 {"batch_size", c.batch_size},
                                 {"seq_len", c.seq_len},
                                 {"tokens_per_step", tokens_per_step},
@@ -509,11 +528,11 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
         const Tensor segments = segments_for(x, eot);
         region.leave();
         // Segment ids go in on the CPU; the model copies them to its device once per forward.
-        losses[static_cast<size_t>(micro)] = model.forward(x, y, segments);
+        const double loss_scale = 1.0 / static_cast<double>(accum);
+        losses[static_cast<size_t>(micro)] = model.forward_train(x, y, loss_scale, segments);
         // The last backward queues each gradient bucket as soon as it is complete.
         const bool last = micro + 1 == rank_accum;
-        model.backward(1.0 / static_cast<double>(accum),
-                       last ? dp.gradient_ready() : models::GradientReady());
+        model.backward(loss_scale, last ? dp.gradient_ready() : models::GradientReady());
       }
       const double lr = schedule.lr(step);
       const double norm = dp.step(step, lr).grad_norm;
@@ -608,7 +627,15 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
       << done * tokens_per_step << " tokens | " << elapsed_ms(loop_start) / 1000.0 << " s\n";
   out << "memory:    the layers kept " << to_mb(kept_bytes)
       << " MB of activations per micro-batch for backward (--recompute "
-      << models::recompute_name(c.recompute) << ")\n";
+      << models::recompute_name(c.recompute) << "); the classifier's logits "
+      << to_mb(logits_bytes(mc, c.dtype, classifier_chunk > 0 ? classifier_chunk : micro_rows))
+      << " MB";
+  if (classifier_chunk > 0) {
+    out << " (chunks of " << classifier_chunk
+        << " rows; the whole micro-batch's: " << to_mb(logits_bytes(mc, c.dtype, micro_rows))
+        << " MB)";
+  }
+  out << "\n";
   if (!c.save_path.empty()) {
     out << "saved:     " << c.save_path << " (+ .state for --resume) after step " << done << "\n";
   }

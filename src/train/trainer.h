@@ -47,6 +47,11 @@ struct TrainConfig {
   // What each layer keeps for backward and recomputes there (models/transformer.h); the losses
   // are the same in every mode, bit for bit.
   models::Recompute recompute = models::Recompute::none;
+  // Rows of a micro-batch the classifier and loss take at a time (Transformer::
+  // set_classifier_chunk): 0 the whole micro-batch, kAutoClassifierChunk chunks of at most
+  // models::kClassifierChunkBytes of logits (models::auto_classifier_chunk).
+  static constexpr int64_t kAutoClassifierChunk = -1;
+  int64_t classifier_chunk = kAutoClassifierChunk;
   // A kernel-config file (attention/kernel_config_file.h) whose rows the CUDA flash kernels take
   // before the built-in table (flash on the GPU only); "" for none.
   std::string kernel_config_path;

@@ -56,6 +56,9 @@ TEST(CliErrors, TrainValuesOutOfRangeAreRefusedBeforeStep1) {
   expect_one_error_line("train " + kQuick + "--weight-decay nan", "--weight-decay");
   expect_one_error_line("train " + kQuick + "--weight-decay -0.1", "--weight-decay");
   expect_one_error_line("train " + kQuick + "--min-lr-frac 2", "--min-lr-frac must be in [0, 1]");
+  expect_one_error_line("train " + kQuick + "--classifier-chunk -3",
+                        "--classifier-chunk takes auto or a number of rows >= 0");
+  expect_one_error_line("train " + kQuick + "--classifier-chunk 12x", "got '12x'");
   expect_one_error_line("train " + kQuick + "--min-lr-frac -0.5", "--min-lr-frac");
   expect_one_error_line("train " + kQuick + "--grad-clip -1", "--grad-clip");
   expect_one_error_line("train " + kQuick + "--grad-clip inf", "--grad-clip");
