@@ -1,6 +1,7 @@
 // The attention API: one problem description, three implementations.
 //
-//   q [B, S, Hq, D], k and v [B, S, Hkv, D] (the layout a QKV projection produces)
+//   q [B, S, Hq, D], k and v [B, S, Hkv, D]; or all three inside one fused QKV buffer
+//   [B, S, (Hq + 2 Hkv) * D], read in place (forward_packed, below)
 //   o like q; lse [B, Hq, S] fp32: log-sum-exp (natural log) of each query row's scaled scores
 //   Hq % Hkv == 0: query head h reads kv head h / (Hq / Hkv) (grouped-query attention)
 //
@@ -86,6 +87,22 @@ ForwardOutput forward(Impl impl, const Problem& problem, const Tensor& q, const 
 Gradients backward(Impl impl, const Problem& problem, const Tensor& q, const Tensor& k,
                    const Tensor& v, const ForwardOutput& fwd, const Tensor& dout,
                    const Tensor& segment_ids = {}, const KernelConfig* config = nullptr);
+
+// q, k and v read where a fused QKV projection wrote them: qkv [B, S, (Hq + 2 Hkv) * D] holds,
+// per position, the Hq query heads, then the Hkv key heads, then the Hkv value heads (D
+// elements each: the output of one projection whose weight stacks W_q, W_k, W_v). The results
+// are those of forward() and backward() on the three parts split out, bit for bit: o and lse as
+// forward() returns them (dense), and backward_packed() writes dq, dk, dv into dqkv (shaped like
+// qkv; fp64 from reference, otherwise the problem's dtype) in the same layout, every element.
+ForwardOutput forward_packed(Impl impl, const Problem& problem, const Tensor& qkv,
+                             const Tensor& segment_ids = {}, const KernelConfig* config = nullptr);
+void backward_packed(Impl impl, const Problem& problem, const Tensor& qkv, const ForwardOutput& fwd,
+                     const Tensor& dout, Tensor& dqkv, const Tensor& segment_ids = {},
+                     const KernelConfig* config = nullptr);
+// Whether `impl` reads a packed qkv in place on `device` (the CPU implementations do). Where it
+// does not, the packed calls copy q, k and v out first and the gradients back in: the same
+// results, with the copies a caller that splits the buffer itself would make.
+bool reads_packed_in_place(Impl impl, Device device);
 
 // True when key position j may be attended by query position i of batch row b.
 // The single definition of the mask that every implementation agrees with.

@@ -67,7 +67,7 @@ void Transformer::drop_recomputable(LayerCache& c) const {
     case Recompute::none:
       return;
     case Recompute::attention:
-      c.q = c.k = c.v = Tensor();
+      c.q = c.k = c.v = c.qkv = Tensor();
       if (reruns_attention(attention_.impl)) c.att = attention::ForwardOutput{};
       return;
     case Recompute::mlp:
@@ -92,7 +92,7 @@ void Transformer::recompute_dropped(int64_t l) {
     c.norm1 = norm_forward(x_in, norm_weights_reading(l));
   }
   // Training positions start at 0 (the KV cache's forward keeps nothing for backward).
-  if (qkv) attention_inputs(l, c, 0);
+  if (qkv) attention_inputs(l, c, 0, false);
   if (rerun_attention) attention_forward(l, c);
   if (block) attention_output(l, c, x_in);
   if (block || recompute_ == Recompute::mlp) mlp_hidden(l, c);
@@ -111,8 +111,8 @@ int64_t Transformer::kept_bytes() const {
       add(n->mean);
       add(n->rstd);
     }
-    for (const Tensor* t : {&c.q, &c.k, &c.v, &c.att.o, &c.att.lse, &c.att.saved, &c.x_mid, &c.fc,
-                            &c.gate, &c.mlp_act}) {
+    for (const Tensor* t : {&c.q, &c.k, &c.v, &c.qkv, &c.att.o, &c.att.lse, &c.att.saved, &c.x_mid,
+                            &c.fc, &c.gate, &c.mlp_act}) {
       add(*t);
     }
   }

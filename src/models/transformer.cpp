@@ -295,7 +295,7 @@ void Transformer::layer_forward(int64_t l, const Tensor& x_in, Tensor& x_out, Kv
   const Weights::Layer& W = w_->layers[static_cast<size_t>(l)];
   LayerCache& c = cache_[static_cast<size_t>(l)];
   const int64_t past = kv ? kv->length : 0;
-  attention_inputs(l, c, past);
+  attention_inputs(l, c, past, kv != nullptr);
   if (kv) {
     Tensor k_rows = kv->k[static_cast<size_t>(l)].slice(past, past + T_);
     Tensor v_rows = kv->v[static_cast<size_t>(l)].slice(past, past + T_);
@@ -318,12 +318,16 @@ void Transformer::layer_forward(int64_t l, const Tensor& x_in, Tensor& x_out, Kv
   if (!kv) drop_recomputable(c);
 }
 
-void Transformer::attention_inputs(int64_t l, LayerCache& c, int64_t past) {
+void Transformer::attention_inputs(int64_t l, LayerCache& c, int64_t past, bool for_cache) {
   const Weights::Layer& W = w_->layers[static_cast<size_t>(l)];
   const int64_t B = B_, T = T_, D = config_.head_dim();
   Tensor qkv = act({B, T, config_.qkv_width()});
   ProfileRegion region(profile_, OpFamily::gemm_qkv, gemm_flops(B * T, W.qkv_w));
   nn::linear_forward(qkv, c.norm1.out, W.qkv_w->compute, W.qkv_b ? W.qkv_b->compute : Tensor());
+  if (!for_cache && reads_packed_qkv()) {
+    c.qkv = qkv;  // attention reads q, k, v where the projection wrote them: no split
+    return;
+  }
   c.q = act({B, T, config_.n_head, D});
   c.k = act({B, T, config_.n_kv_head, D});
   c.v = act({B, T, config_.n_kv_head, D});
@@ -341,8 +345,10 @@ void Transformer::attention_forward(int64_t l, LayerCache& c) {
   const ProfileRegion region(profile_, OpFamily::attention_forward);
   count_attention_flops(OpFamily::attention_forward, problem, 1.0);
   attention::KernelConfig config;
-  c.att = attention::forward(attention_.impl, problem, c.q, c.k, c.v, segment_ids_,
-                             flash_config(problem, config));
+  c.att = c.qkv.defined() ? attention::forward_packed(attention_.impl, problem, c.qkv, segment_ids_,
+                                                      flash_config(problem, config))
+                          : attention::forward(attention_.impl, problem, c.q, c.k, c.v,
+                                               segment_ids_, flash_config(problem, config));
 }
 
 void Transformer::attention_output(int64_t l, LayerCache& c, const Tensor& x_in) {
@@ -526,6 +532,11 @@ void Transformer::set_classifier_chunk(int64_t rows) {
   classifier_chunk_ = rows;
 }
 
+bool Transformer::reads_packed_qkv() const {
+  return attention_.qkv_in_place && !config_.rope() &&
+         attention::reads_packed_in_place(attention_.impl, device_);
+}
+
 Parameter* Transformer::head_parameter() const {
   return w_->head ? w_->head : w_->wte;
 }
@@ -652,18 +663,24 @@ void Transformer::layer_backward(int64_t l, Tensor& dresidual) {
   region.enter(OpFamily::attention_backward);
   count_attention_flops(OpFamily::attention_backward, problem, 2.5);
   attention::KernelConfig config;
-  attention::Gradients g =
-      attention::backward(attention_.impl, problem, c.q, c.k, c.v, c.att, datt.view({B, T, Hq, D}),
-                          segment_ids_, flash_config(problem, config));
-  if (config_.rope()) {
-    region.enter(OpFamily::rope, traffic(g.dq, 2) + traffic(g.dk, 2));
-    nn::rope_backward(g.dq, g.dq, rope_);
-    nn::rope_backward(g.dk, g.dk, rope_);
-  }
   Tensor dqkv = act({B, T, config_.qkv_width()});
-  FT_ASSERT(g.dk.dim(2) == Hkv);
-  region.enter(OpFamily::qkv_copy, traffic(dqkv, 2));
-  nn::merge_qkv(dqkv, g.dq, g.dk, g.dv);
+  if (c.qkv.defined()) {
+    // dq, dk, dv straight into the fused gradient: no merge.
+    attention::backward_packed(attention_.impl, problem, c.qkv, c.att, datt.view({B, T, Hq, D}),
+                               dqkv, segment_ids_, flash_config(problem, config));
+  } else {
+    attention::Gradients g =
+        attention::backward(attention_.impl, problem, c.q, c.k, c.v, c.att,
+                            datt.view({B, T, Hq, D}), segment_ids_, flash_config(problem, config));
+    if (config_.rope()) {
+      region.enter(OpFamily::rope, traffic(g.dq, 2) + traffic(g.dk, 2));
+      nn::rope_backward(g.dq, g.dq, rope_);
+      nn::rope_backward(g.dk, g.dk, rope_);
+    }
+    FT_ASSERT(g.dk.dim(2) == Hkv);
+    region.enter(OpFamily::qkv_copy, traffic(dqkv, 2));
+    nn::merge_qkv(dqkv, g.dq, g.dk, g.dv);
+  }
   Tensor dh1 = act({B, T, C});
   Tensor db_qkv = bias_grad(W.qkv_b);
   region.enter(OpFamily::gemm_qkv, 2 * gemm_flops(B * T, W.qkv_w));

@@ -69,6 +69,9 @@ struct AttentionSettings {
   int64_t window = 0;          // sliding window (0: none)
   int64_t global_every = 0;    // with a window: every N-th layer attends fully (0: none)
   bool deterministic = false;  // the attention backward gives the same bits on every run
+  // Attention reads q, k, v inside the QKV projection's output where it can
+  // (Transformer::reads_packed_qkv); false: they are always split out first. The same bits.
+  bool qkv_in_place = true;
   // Rows that the CUDA flash kernels take before the built-in table (a kernel-config file,
   // attention/kernel_config_file.h) in every attention call; null: the built-in table. Only
   // flash on the GPU reads them.
@@ -226,9 +229,11 @@ class Transformer {
   void layer_forward(int64_t l, const Tensor& x_in, Tensor& x_out, KvCache* kv = nullptr);
   // The parts of layer_forward that backward may re-run (models/recompute.cpp), each from what
   // the one before left in the layer's cache: q, k, v from norm1 (RoPE at positions from
-  // `past`); the attention's output over the whole sequence; the residual after attention and
-  // norm2 (from x_in and the attention's output); the MLP's hidden activations from norm2.
-  void attention_inputs(int64_t l, LayerCache& c, int64_t past);
+  // `past`; split out of the projection's output unless attention reads it as it is, which a
+  // KV cache being filled (for_cache) does not); the attention's output over the whole sequence;
+  // the residual after attention and norm2 (from x_in and the attention's output); the MLP's hidden
+  // activations from norm2.
+  void attention_inputs(int64_t l, LayerCache& c, int64_t past, bool for_cache);
   void attention_forward(int64_t l, LayerCache& c);
   void attention_output(int64_t l, LayerCache& c, const Tensor& x_in);
   void mlp_hidden(int64_t l, LayerCache& c);
@@ -241,7 +246,10 @@ class Transformer {
   void cached_attention(int64_t l, LayerCache& c, KvCache& kv);
   // dresidual: d loss / d x_out on entry, d loss / d x_in on return (updated in place).
   void layer_backward(int64_t l, Tensor& dresidual);
-  Parameter* head_parameter() const;  // the classifier's weight (GPT-2: wte, tied)
+  Parameter* head_parameter() const;
+  // Whether the layers hand attention the QKV projection's output as it is (forward_packed):
+  // without RoPE (which rewrites q and k) and where the implementation reads it in place.
+  bool reads_packed_qkv() const;  // the classifier's weight (GPT-2: wte, tied)
   void check_targets(const Tensor& tokens, const Tensor& targets) const;
   // The classifier and the loss over the batch, chunk by chunk (classifier_chunk()): losses_,
   // and with dloss (d loss / d each row's loss) dnorm_ and the head's gradient.

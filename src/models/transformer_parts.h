@@ -32,6 +32,9 @@ struct Transformer::Weights {
 struct Transformer::LayerCache {
   NormOutput norm1;  // written by whoever produced the layer's input (fused with its add)
   Tensor q, k, v;    // after RoPE
+  // Or, where attention reads them in place (Transformer::reads_packed_qkv), the projection's
+  // output [B, T, (Hq + 2 Hkv) D] with q, k, v inside, and no q, k, v of their own.
+  Tensor qkv;
   attention::ForwardOutput att;
   Tensor x_mid;  // residual after attention
   NormOutput norm2;

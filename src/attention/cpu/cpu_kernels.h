@@ -12,22 +12,53 @@
 
 namespace ft::attention::cpu {
 
+// Where a call's q, k and v lie in their tensors: element (b, s, h, d) of q at
+// q_offset + (b * S + s) * q_row + h * D + d, k and v likewise with kv_row. Dense tensors
+// [B, S, H, D] have rows of H * D and offsets 0; one fused QKV buffer [B, S, (Hq + 2 Hkv) * D]
+// (attention.h, forward_packed) has rows of its width and k, v at offsets Hq * D, (Hq + Hkv) * D.
+// Gradients are written in the same layout into the tensors they are handed.
+struct Layout {
+  int64_t q_row = 0, kv_row = 0;
+  int64_t q_offset = 0, k_offset = 0, v_offset = 0;
+
+  static Layout dense(const Problem& p) {
+    return {p.q_heads * p.head_dim, p.kv_heads * p.head_dim, 0, 0, 0};
+  }
+  static Layout packed(const Problem& p) {
+    const int64_t D = p.head_dim, width = (p.q_heads + 2 * p.kv_heads) * D;
+    return {width, width, 0, p.q_heads * D, (p.q_heads + p.kv_heads) * D};
+  }
+  int64_t q_at(const Problem& p, int64_t b, int64_t s, int64_t h) const {
+    return q_offset + (b * p.seq_len + s) * q_row + h * p.head_dim;
+  }
+  int64_t k_at(const Problem& p, int64_t b, int64_t s, int64_t kv) const {
+    return k_offset + (b * p.seq_len + s) * kv_row + kv * p.head_dim;
+  }
+  int64_t v_at(const Problem& p, int64_t b, int64_t s, int64_t kv) const {
+    return v_offset + (b * p.seq_len + s) * kv_row + kv * p.head_dim;
+  }
+};
+
 // Inputs in the problem's dtype (fp32, bf16 or fp64); o and gradients in the same dtype;
 // lse (and naive's saved probabilities) in the accumulation type acc_t (fp32, or fp64 for fp64).
-ForwardOutput naive_forward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
-                            const Tensor& segment_ids);
-Gradients naive_backward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
-                         const ForwardOutput& fwd, const Tensor& dout, const Tensor& segment_ids);
-ForwardOutput flash_forward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
-                            const Tensor& segment_ids);
-Gradients flash_backward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
-                         const ForwardOutput& fwd, const Tensor& dout, const Tensor& segment_ids);
-// Inputs of any float dtype, converted to fp64; every output is fp64.
-ForwardOutput reference_forward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
-                                const Tensor& segment_ids);
-Gradients reference_backward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
-                             const ForwardOutput& fwd, const Tensor& dout,
-                             const Tensor& segment_ids);
+// o and dout are dense [B, S, Hq, D]; the backward writes every element of dq, dk and dv into
+// `into` at the layout's positions.
+ForwardOutput naive_forward(const Problem& p, const Layout& l, const Tensor& q, const Tensor& k,
+                            const Tensor& v, const Tensor& segment_ids);
+void naive_backward(const Problem& p, const Layout& l, const Tensor& q, const Tensor& k,
+                    const Tensor& v, const ForwardOutput& fwd, const Tensor& dout,
+                    const Tensor& segment_ids, Gradients& into);
+ForwardOutput flash_forward(const Problem& p, const Layout& l, const Tensor& q, const Tensor& k,
+                            const Tensor& v, const Tensor& segment_ids);
+void flash_backward(const Problem& p, const Layout& l, const Tensor& q, const Tensor& k,
+                    const Tensor& v, const ForwardOutput& fwd, const Tensor& dout,
+                    const Tensor& segment_ids, Gradients& into);
+// Inputs of any float dtype, converted to fp64; every output is fp64 (`into` too).
+ForwardOutput reference_forward(const Problem& p, const Layout& l, const Tensor& q, const Tensor& k,
+                                const Tensor& v, const Tensor& segment_ids);
+void reference_backward(const Problem& p, const Layout& l, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const ForwardOutput& fwd, const Tensor& dout,
+                        const Tensor& segment_ids, Gradients& into);
 
 // ---- helpers shared by the implementations ----
 

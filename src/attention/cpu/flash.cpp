@@ -130,22 +130,17 @@ template <class T>
 struct CallViews {
   using A = acc_t<T>;
   const Problem& p;
+  const Layout& l;
   const Tensor& segment_ids;
   const T *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *dout = nullptr;
   const A *lse = nullptr, *delta = nullptr;  // [B, Hq, S]
 
-  const T* q_rows(int64_t b, int64_t h, int64_t s) const {
-    return q + head_row_offset(p, p.q_heads, b, s, h);
-  }
+  const T* q_rows(int64_t b, int64_t h, int64_t s) const { return q + l.q_at(p, b, s, h); }
   const T* dout_rows(int64_t b, int64_t h, int64_t s) const {
     return dout + head_row_offset(p, p.q_heads, b, s, h);
   }
-  const T* k_rows(int64_t b, int64_t kv, int64_t s) const {
-    return k + head_row_offset(p, p.kv_heads, b, s, kv);
-  }
-  const T* v_rows(int64_t b, int64_t kv, int64_t s) const {
-    return v + head_row_offset(p, p.kv_heads, b, s, kv);
-  }
+  const T* k_rows(int64_t b, int64_t kv, int64_t s) const { return k + l.k_at(p, b, s, kv); }
+  const T* v_rows(int64_t b, int64_t kv, int64_t s) const { return v + l.v_at(p, b, s, kv); }
   int64_t row_stat(int64_t b, int64_t h, int64_t s) const {
     return (b * p.q_heads + h) * p.seq_len + s;
   }
@@ -184,13 +179,13 @@ void forward_block(const CallViews<T>& in, int64_t b, int64_t h, Block qb, TileS
   const int64_t D = p.head_dim, kv = h / p.group_size();
   const A scale = static_cast<A>(p.effective_scale());
   const int32_t* seg = segment_row(p, in.segment_ids, b);
-  load_rows(in.q_rows(b, h, qb.begin), p.q_heads * D, qb.size, D, ws.q);
+  load_rows(in.q_rows(b, h, qb.begin), in.l.q_row, qb.size, D, ws.q);
   std::fill(ws.row_max, ws.row_max + qb.size, minus_infinity<A>());
   std::fill(ws.row_sum, ws.row_sum + qb.size, A(0));
   std::fill(ws.acc, ws.acc + qb.size * D, A(0));
   for_each_visible_key_block(p, seg, qb, [&](Block kb, TileCover cover) {
-    load_rows(in.k_rows(b, kv, kb.begin), p.kv_heads * D, kb.size, D, ws.k);
-    load_rows(in.v_rows(b, kv, kb.begin), p.kv_heads * D, kb.size, D, ws.v);
+    load_rows(in.k_rows(b, kv, kb.begin), in.l.kv_row, kb.size, D, ws.k);
+    load_rows(in.v_rows(b, kv, kb.begin), in.l.kv_row, kb.size, D, ws.v);
     ft::cpu::gemm(false, true, qb.size, kb.size, D, scale, ws.q, D, ws.k, D, A(0), ws.scores,
                   kBlockK);
     if (cover == TileCover::partial) mask_tile(p.mask, seg, qb, kb, minus_infinity<A>(), ws.scores);
@@ -231,18 +226,17 @@ void dq_block(const CallViews<T>& in, int64_t b, int64_t h, Block qb, TileScratc
   const Problem& p = in.p;
   const int64_t D = p.head_dim, kv = h / p.group_size();
   const A scale = static_cast<A>(p.effective_scale());
-  load_rows(in.q_rows(b, h, qb.begin), p.q_heads * D, qb.size, D, ws.q);
+  load_rows(in.q_rows(b, h, qb.begin), in.l.q_row, qb.size, D, ws.q);
   load_rows(in.dout_rows(b, h, qb.begin), p.q_heads * D, qb.size, D, ws.dout);
   std::fill(ws.acc, ws.acc + qb.size * D, A(0));
   for_each_visible_key_block(p, segment_row(p, in.segment_ids, b), qb, [&](Block kb, TileCover c) {
-    load_rows(in.k_rows(b, kv, kb.begin), p.kv_heads * D, kb.size, D, ws.k);
-    load_rows(in.v_rows(b, kv, kb.begin), p.kv_heads * D, kb.size, D, ws.v);
+    load_rows(in.k_rows(b, kv, kb.begin), in.l.kv_row, kb.size, D, ws.k);
+    load_rows(in.v_rows(b, kv, kb.begin), in.l.kv_row, kb.size, D, ws.v);
     tile_probabilities_and_gradient(in, b, h, qb, kb, c, ws);
     ft::cpu::gemm(false, false, qb.size, D, kb.size, scale, ws.dscores, kBlockK, ws.k, D, A(1),
                   ws.acc, D);
   });
-  store_rows(ws.acc, qb.size, D, A(1), dq + head_row_offset(p, p.q_heads, b, qb.begin, h),
-             p.q_heads * D);
+  store_rows(ws.acc, qb.size, D, A(1), dq + in.l.q_at(p, b, qb.begin, h), in.l.q_row);
 }
 
 // dK and dV of one key block of kv head kv, summed over every query head of its group.
@@ -254,14 +248,14 @@ void dkv_block(const CallViews<T>& in, int64_t b, int64_t kv, Block kb, TileScra
   const A scale = static_cast<A>(p.effective_scale());
   A* dk_acc = ws.acc;
   A* dv_acc = ws.acc2;
-  load_rows(in.k_rows(b, kv, kb.begin), p.kv_heads * D, kb.size, D, ws.k);
-  load_rows(in.v_rows(b, kv, kb.begin), p.kv_heads * D, kb.size, D, ws.v);
+  load_rows(in.k_rows(b, kv, kb.begin), in.l.kv_row, kb.size, D, ws.k);
+  load_rows(in.v_rows(b, kv, kb.begin), in.l.kv_row, kb.size, D, ws.v);
   std::fill(dk_acc, dk_acc + kb.size * D, A(0));
   std::fill(dv_acc, dv_acc + kb.size * D, A(0));
   for (int64_t h = kv * p.group_size(); h < (kv + 1) * p.group_size(); ++h) {
     for_each_visible_query_block(
         p, segment_row(p, in.segment_ids, b), kb, [&](Block qb, TileCover cover) {
-          load_rows(in.q_rows(b, h, qb.begin), p.q_heads * D, qb.size, D, ws.q);
+          load_rows(in.q_rows(b, h, qb.begin), in.l.q_row, qb.size, D, ws.q);
           load_rows(in.dout_rows(b, h, qb.begin), p.q_heads * D, qb.size, D, ws.dout);
           tile_probabilities_and_gradient(in, b, h, qb, kb, cover, ws);
           ft::cpu::gemm(true, false, kb.size, D, qb.size, A(1), ws.scores, kBlockK, ws.dout, D,
@@ -270,9 +264,8 @@ void dkv_block(const CallViews<T>& in, int64_t b, int64_t kv, Block kb, TileScra
                         dk_acc, D);
         });
   }
-  const int64_t offset = head_row_offset(p, p.kv_heads, b, kb.begin, kv);
-  store_rows(dk_acc, kb.size, D, A(1), dk + offset, p.kv_heads * D);
-  store_rows(dv_acc, kb.size, D, A(1), dv + offset, p.kv_heads * D);
+  store_rows(dk_acc, kb.size, D, A(1), dk + in.l.k_at(p, b, kb.begin, kv), in.l.kv_row);
+  store_rows(dv_acc, kb.size, D, A(1), dv + in.l.v_at(p, b, kb.begin, kv), in.l.kv_row);
 }
 
 // D_i = rowsum(dO_i * O_i) for every query row, [B, Hq, S].
@@ -316,13 +309,13 @@ void parallel_over_blocks(const Problem& p, int64_t heads, int64_t block, F&& bo
 }
 
 template <class T>
-ForwardOutput forward_typed(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
-                            const Tensor& segment_ids) {
+ForwardOutput forward_typed(const Problem& p, const Layout& l, const Tensor& q, const Tensor& k,
+                            const Tensor& v, const Tensor& segment_ids) {
   using A = acc_t<T>;
   ForwardOutput out;
-  out.o = poisoned(q.shape(), p.dtype);
+  out.o = poisoned({p.batch, p.seq_len, p.q_heads, p.head_dim}, p.dtype);
   out.lse = poisoned({p.batch, p.q_heads, p.seq_len}, dtype_of<A>::value);
-  CallViews<T> in{p, segment_ids};
+  CallViews<T> in{p, l, segment_ids};
   in.q = q.data<T>(), in.k = k.data<T>(), in.v = v.data<T>();
   T* o = out.o.data<T>();
   A* lse = out.lse.data<A>();
@@ -334,13 +327,12 @@ ForwardOutput forward_typed(const Problem& p, const Tensor& q, const Tensor& k, 
 }
 
 template <class T>
-Gradients backward_typed(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
-                         const ForwardOutput& fwd, const Tensor& dout, const Tensor& segment_ids) {
+void backward_typed(const Problem& p, const Layout& l, const Tensor& q, const Tensor& k,
+                    const Tensor& v, const ForwardOutput& fwd, const Tensor& dout,
+                    const Tensor& segment_ids, Gradients& g) {
   using A = acc_t<T>;
-  Gradients g{poisoned(q.shape(), p.dtype), poisoned(k.shape(), p.dtype),
-              poisoned(v.shape(), p.dtype)};
   const Tensor delta = row_deltas(p, fwd.o.data<T>(), dout.data<T>());
-  CallViews<T> in{p, segment_ids};
+  CallViews<T> in{p, l, segment_ids};
   in.q = q.data<T>(), in.k = k.data<T>(), in.v = v.data<T>();
   in.o = fwd.o.data<T>(), in.dout = dout.data<T>();
   in.lse = fwd.lse.data<A>(), in.delta = delta.data<A>();
@@ -352,21 +344,21 @@ Gradients backward_typed(const Problem& p, const Tensor& q, const Tensor& k, con
   parallel_over_blocks<A>(
       p, p.q_heads, kBlockQ,
       [&](int64_t b, int64_t h, Block qb, TileScratch<A>& ws) { dq_block(in, b, h, qb, ws, dq); });
-  return g;
 }
 
 }  // namespace
 
-ForwardOutput flash_forward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
-                            const Tensor& segment_ids) {
+ForwardOutput flash_forward(const Problem& p, const Layout& l, const Tensor& q, const Tensor& k,
+                            const Tensor& v, const Tensor& segment_ids) {
   return dispatch_float(
-      p.dtype, [&](auto t) { return forward_typed<decltype(t)>(p, q, k, v, segment_ids); });
+      p.dtype, [&](auto t) { return forward_typed<decltype(t)>(p, l, q, k, v, segment_ids); });
 }
 
-Gradients flash_backward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
-                         const ForwardOutput& fwd, const Tensor& dout, const Tensor& segment_ids) {
-  return dispatch_float(p.dtype, [&](auto t) {
-    return backward_typed<decltype(t)>(p, q, k, v, fwd, dout, segment_ids);
+void flash_backward(const Problem& p, const Layout& l, const Tensor& q, const Tensor& k,
+                    const Tensor& v, const ForwardOutput& fwd, const Tensor& dout,
+                    const Tensor& segment_ids, Gradients& into) {
+  dispatch_float(p.dtype, [&](auto t) {
+    backward_typed<decltype(t)>(p, l, q, k, v, fwd, dout, segment_ids, into);
   });
 }
 

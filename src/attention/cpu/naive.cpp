@@ -56,14 +56,14 @@ void softmax_backward_rows(int64_t S, const A* probs, A* dp) {
 }
 
 template <class T>
-ForwardOutput forward_typed(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
-                            const Tensor& segment_ids) {
+ForwardOutput forward_typed(const Problem& p, const Layout& l, const Tensor& q, const Tensor& k,
+                            const Tensor& v, const Tensor& segment_ids) {
   using A = acc_t<T>;
   const DType acc = dtype_of<A>::value;
-  const int64_t B = p.batch, S = p.seq_len, Hq = p.q_heads, Hkv = p.kv_heads, D = p.head_dim;
+  const int64_t B = p.batch, S = p.seq_len, Hq = p.q_heads, D = p.head_dim;
   const A scale = static_cast<A>(p.effective_scale());
   ForwardOutput out;
-  out.o = poisoned(q.shape(), p.dtype);
+  out.o = poisoned({B, S, Hq, D}, p.dtype);
   out.lse = poisoned({B, Hq, S}, acc);
   out.saved = Tensor::empty({B, Hq, S, S}, acc);
   Tensor q_head = Tensor::empty({S, D}, acc), k_head = Tensor::empty({S, D}, acc);
@@ -73,9 +73,9 @@ ForwardOutput forward_typed(const Problem& p, const Tensor& q, const Tensor& k, 
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < Hq; ++h) {
       const int64_t kv = h / p.group_size();
-      load_rows(q.data<T>() + head_row_offset(p, Hq, b, 0, h), Hq * D, S, D, qh);
-      load_rows(k.data<T>() + head_row_offset(p, Hkv, b, 0, kv), Hkv * D, S, D, kh);
-      load_rows(v.data<T>() + head_row_offset(p, Hkv, b, 0, kv), Hkv * D, S, D, vh);
+      load_rows(q.data<T>() + l.q_at(p, b, 0, h), l.q_row, S, D, qh);
+      load_rows(k.data<T>() + l.k_at(p, b, 0, kv), l.kv_row, S, D, kh);
+      load_rows(v.data<T>() + l.v_at(p, b, 0, kv), l.kv_row, S, D, vh);
       A* probs = out.saved.data<A>() + (b * Hq + h) * S * S;
       A* lse = out.lse.data<A>() + (b * Hq + h) * S;
       ft::cpu::gemm(false, true, S, S, D, scale, qh, D, kh, D, A(0), probs, S);
@@ -88,14 +88,12 @@ ForwardOutput forward_typed(const Problem& p, const Tensor& q, const Tensor& k, 
 }
 
 template <class T>
-Gradients backward_typed(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
-                         const ForwardOutput& fwd, const Tensor& dout) {
+void backward_typed(const Problem& p, const Layout& l, const Tensor& q, const Tensor& k,
+                    const Tensor& v, const ForwardOutput& fwd, const Tensor& dout, Gradients& g) {
   using A = acc_t<T>;
   const DType acc = dtype_of<A>::value;
   const int64_t B = p.batch, S = p.seq_len, Hq = p.q_heads, Hkv = p.kv_heads, D = p.head_dim;
   const A scale = static_cast<A>(p.effective_scale());
-  Gradients g{poisoned(q.shape(), p.dtype), poisoned(k.shape(), p.dtype),
-              poisoned(v.shape(), p.dtype)};
   Tensor dscores = Tensor::empty({S, S}, acc);
   Tensor q_head = Tensor::empty({S, D}, acc), k_head = Tensor::empty({S, D}, acc);
   Tensor v_head = Tensor::empty({S, D}, acc), do_head = Tensor::empty({S, D}, acc);
@@ -106,42 +104,42 @@ Gradients backward_typed(const Problem& p, const Tensor& q, const Tensor& k, con
   A *dk = dk_sum.data<A>(), *dv = dv_sum.data<A>();
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t kv = 0; kv < Hkv; ++kv) {
-      load_rows(k.data<T>() + head_row_offset(p, Hkv, b, 0, kv), Hkv * D, S, D, kh);
-      load_rows(v.data<T>() + head_row_offset(p, Hkv, b, 0, kv), Hkv * D, S, D, vh);
+      load_rows(k.data<T>() + l.k_at(p, b, 0, kv), l.kv_row, S, D, kh);
+      load_rows(v.data<T>() + l.v_at(p, b, 0, kv), l.kv_row, S, D, vh);
       dk_sum.zero();
       dv_sum.zero();
       // dk and dv of a kv head sum over the query heads of its group, in order: no races.
       for (int64_t h = kv * p.group_size(); h < (kv + 1) * p.group_size(); ++h) {
-        load_rows(q.data<T>() + head_row_offset(p, Hq, b, 0, h), Hq * D, S, D, qh);
+        load_rows(q.data<T>() + l.q_at(p, b, 0, h), l.q_row, S, D, qh);
         load_rows(dout.data<T>() + head_row_offset(p, Hq, b, 0, h), Hq * D, S, D, doh);
         const A* probs = fwd.saved.data<A>() + (b * Hq + h) * S * S;
         ft::cpu::gemm(true, false, S, D, S, A(1), probs, S, doh, D, A(1), dv, D);
         ft::cpu::gemm(false, true, S, S, D, A(1), doh, D, vh, D, A(0), ds, S);
         softmax_backward_rows(S, probs, ds);
         ft::cpu::gemm(false, false, S, D, S, scale, ds, S, kh, D, A(0), dqh, D);
-        store_rows(dqh, S, D, A(1), g.dq.data<T>() + head_row_offset(p, Hq, b, 0, h), Hq * D);
+        store_rows(dqh, S, D, A(1), g.dq.data<T>() + l.q_at(p, b, 0, h), l.q_row);
         ft::cpu::gemm(true, false, S, D, S, scale, ds, S, qh, D, A(1), dk, D);
       }
-      store_rows(dk, S, D, A(1), g.dk.data<T>() + head_row_offset(p, Hkv, b, 0, kv), Hkv * D);
-      store_rows(dv, S, D, A(1), g.dv.data<T>() + head_row_offset(p, Hkv, b, 0, kv), Hkv * D);
+      store_rows(dk, S, D, A(1), g.dk.data<T>() + l.k_at(p, b, 0, kv), l.kv_row);
+      store_rows(dv, S, D, A(1), g.dv.data<T>() + l.v_at(p, b, 0, kv), l.kv_row);
     }
   }
-  return g;
 }
 
 }  // namespace
 
-ForwardOutput naive_forward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
-                            const Tensor& segment_ids) {
+ForwardOutput naive_forward(const Problem& p, const Layout& l, const Tensor& q, const Tensor& k,
+                            const Tensor& v, const Tensor& segment_ids) {
   return dispatch_float(
-      p.dtype, [&](auto t) { return forward_typed<decltype(t)>(p, q, k, v, segment_ids); });
+      p.dtype, [&](auto t) { return forward_typed<decltype(t)>(p, l, q, k, v, segment_ids); });
 }
 
-Gradients naive_backward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
-                         const ForwardOutput& fwd, const Tensor& dout, const Tensor& segment_ids) {
+void naive_backward(const Problem& p, const Layout& l, const Tensor& q, const Tensor& k,
+                    const Tensor& v, const ForwardOutput& fwd, const Tensor& dout,
+                    const Tensor& segment_ids, Gradients& into) {
   (void)segment_ids;  // the saved probabilities already carry the mask
-  return dispatch_float(p.dtype,
-                        [&](auto t) { return backward_typed<decltype(t)>(p, q, k, v, fwd, dout); });
+  dispatch_float(p.dtype,
+                 [&](auto t) { backward_typed<decltype(t)>(p, l, q, k, v, fwd, dout, into); });
 }
 
 }  // namespace ft::attention::cpu

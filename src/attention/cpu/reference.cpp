@@ -21,20 +21,24 @@ Problem in_fp64(Problem p) {
 
 }  // namespace
 
-ForwardOutput reference_forward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
-                                const Tensor& segment_ids) {
-  return naive_forward(in_fp64(p), widened(q), widened(k), widened(v), segment_ids);
+ForwardOutput reference_forward(const Problem& p, const Layout& l, const Tensor& q, const Tensor& k,
+                                const Tensor& v, const Tensor& segment_ids) {
+  // A packed call hands the same tensor three times: widen it once.
+  const Tensor q64 = widened(q);
+  const Tensor k64 = &k == &q ? q64 : widened(k), v64 = &v == &q ? q64 : widened(v);
+  return naive_forward(in_fp64(p), l, q64, k64, v64, segment_ids);
 }
 
-Gradients reference_backward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
-                             const ForwardOutput& fwd, const Tensor& dout,
-                             const Tensor& segment_ids) {
+void reference_backward(const Problem& p, const Layout& l, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const ForwardOutput& fwd, const Tensor& dout,
+                        const Tensor& segment_ids, Gradients& into) {
   // The oracle recomputes its own fp64 probabilities rather than trust whichever forward
   // output it is handed.
   (void)fwd;
-  const Tensor q64 = widened(q), k64 = widened(k), v64 = widened(v);
-  const ForwardOutput own = naive_forward(in_fp64(p), q64, k64, v64, segment_ids);
-  return naive_backward(in_fp64(p), q64, k64, v64, own, widened(dout), segment_ids);
+  const Tensor q64 = widened(q);
+  const Tensor k64 = &k == &q ? q64 : widened(k), v64 = &v == &q ? q64 : widened(v);
+  const ForwardOutput own = naive_forward(in_fp64(p), l, q64, k64, v64, segment_ids);
+  naive_backward(in_fp64(p), l, q64, k64, v64, own, widened(dout), segment_ids, into);
 }
 
 }  // namespace ft::attention::cpu

@@ -28,4 +28,12 @@ Gradients flash_backward(const Problem& p, const Tensor& q, const Tensor& k, con
                          const ForwardOutput& fwd, const Tensor& dout, const Tensor& segment_ids,
                          const KernelConfig& config);
 
+// The packed calls for kernels that read dense q, k, v (packed.cu): the three parts of a fused
+// QKV buffer [B, S, (Hq + 2 Hkv) * D] copied out, and dq, dk, dv copied into the fused gradient.
+struct Unpacked {
+  Tensor q, k, v;
+};
+Unpacked unpack(const Problem& p, const Tensor& qkv);
+void pack_gradients(const Problem& p, const Gradients& g, Tensor& dqkv);
+
 }  // namespace ft::attention::cuda

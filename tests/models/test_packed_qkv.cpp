@@ -1,0 +1,137 @@
+// The layers hand attention the QKV projection's output as it is where it can
+// (AttentionSettings::qkv_in_place, attention::forward_packed): training then gives the losses
+// and gradients of the split path bit for bit (GPT-2 on the CPU, fp32 and bf16, naive and
+// flash, with documents and padding, with a window), keeps the fused buffer instead of q, k, v,
+// and models with RoPE keep splitting.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "models/transformer.h"
+
+namespace ft::models {
+namespace {
+
+constexpr int64_t kBatch = 2, kSeq = 16;
+
+ModelConfig small(const std::string& preset_name) {
+  ModelOverrides o;
+  o.layers = 2;
+  o.width = 32;
+  o.heads = 4;
+  o.vocab = 37;
+  o.context = kSeq;
+  if (preset_name == "llama3-tiny") o.kv_heads = 2;
+  return apply_overrides(preset(preset_name), o);
+}
+
+Tensor random_tokens(int64_t vocab, Rng& rng) {
+  Tensor t = Tensor::empty({kBatch, kSeq}, DType::i32);
+  for (int64_t i = 0; i < t.numel(); ++i)
+    t.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u64() % static_cast<uint64_t>(vocab));
+  return t;
+}
+
+// Row 0: documents of 5, 7 and 4 positions; row 1: two documents and three padding positions.
+Tensor segment_ids() {
+  Tensor ids = Tensor::empty({kBatch, kSeq}, DType::i32);
+  int32_t* p = ids.data<int32_t>();
+  for (int64_t t = 0; t < kSeq; ++t) {
+    p[t] = t < 5 ? 0 : (t < 12 ? 1 : 2);
+    p[kSeq + t] = t < 6 ? 3 : (t < 13 ? 4 : -1);
+  }
+  return ids;
+}
+
+struct Trace {
+  std::vector<double> losses;
+  std::vector<Tensor> grads;  // the flat gradient buffer of each step
+};
+
+// Three steps of two micro-batches with plain SGD between them, so that later steps see other
+// weights.
+Trace train_steps(const ModelConfig& config, DType dtype, AttentionSettings settings,
+                  bool segments) {
+  Transformer model(config, dtype, settings);
+  model.init_weights(17);
+  Rng rng(29);
+  const Tensor ids = segments ? segment_ids() : Tensor();
+  Trace trace;
+  for (int64_t step = 1; step <= 3; ++step) {
+    model.zero_grad();
+    double loss = 0.0;
+    for (int micro = 0; micro < 2; ++micro) {
+      const Tensor x = random_tokens(config.vocab_size, rng);
+      const Tensor y = random_tokens(config.vocab_size, rng);
+      loss += model.forward_train(x, y, 0.5, ids);
+      model.backward(0.5);
+    }
+    trace.losses.push_back(loss);
+    trace.grads.push_back(model.flat_grads().clone());
+    for (Parameter& p : model.parameters()) {
+      const Tensor g = p.grad.to(DType::f64), w = p.master.to(DType::f64);
+      Tensor updated = Tensor::empty(w.shape(), DType::f64);
+      for (int64_t i = 0; i < w.numel(); ++i)
+        updated.data<double>()[i] = w.data<double>()[i] - 0.05 * g.data<double>()[i];
+      p.master.copy_from(updated);
+      p.sync_compute();
+    }
+  }
+  return trace;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+TEST(PackedQkv, TrainsTheSplitPathsLossesAndGradientsBitForBit) {
+  const ModelConfig config = small("gpt2-tiny");
+  for (const char* dtype_name : {"fp32", "bf16"}) {
+    for (attention::Impl impl : {attention::Impl::naive, attention::Impl::flash}) {
+      for (int64_t window : {int64_t{0}, int64_t{5}}) {
+        for (bool segments : {false, true}) {
+          AttentionSettings in_place{impl};
+          in_place.window = window;
+          AttentionSettings split = in_place;
+          split.qkv_in_place = false;
+          const DType dtype = parse_dtype(dtype_name);
+          const Trace a = train_steps(config, dtype, in_place, segments);
+          const Trace b = train_steps(config, dtype, split, segments);
+          const std::string what = std::string(dtype_name) + " " + attention::impl_name(impl) +
+                                   " window " + std::to_string(window) +
+                                   (segments ? " documents" : "");
+          EXPECT_EQ(a.losses, b.losses) << what;
+          for (size_t s = 0; s < a.grads.size(); ++s) {
+            EXPECT_TRUE(same_bits(a.grads[s], b.grads[s]))
+                << what << " step " << s + 1 << ": gradients differ by up to "
+                << max_abs_diff(a.grads[s], b.grads[s]);
+          }
+        }
+      }
+    }
+  }
+}
+
+// The fused buffer is kept instead of q, k and v: the same bytes (Hq + 2 Hkv heads a position).
+TEST(PackedQkv, KeepsTheFusedBufferInsteadOfQKV) {
+  for (const char* name : {"gpt2-tiny", "llama3-tiny"}) {
+    const ModelConfig config = small(name);
+    AttentionSettings in_place{attention::Impl::flash};
+    AttentionSettings split = in_place;
+    split.qkv_in_place = false;
+    Transformer a(config, DType::f32, in_place), b(config, DType::f32, split);
+    a.init_weights(3);
+    b.init_weights(3);
+    Rng rng(5);
+    const Tensor x = random_tokens(config.vocab_size, rng);
+    const Tensor y = random_tokens(config.vocab_size, rng);
+    EXPECT_EQ(a.forward(x, y), b.forward(x, y)) << name;
+    EXPECT_EQ(a.saved_activation_bytes(), b.saved_activation_bytes()) << name;
+  }
+}
+
+}  // namespace
+}  // namespace ft::models
