@@ -325,7 +325,15 @@ void Transformer::attention_inputs(int64_t l, LayerCache& c, int64_t past, bool 
   ProfileRegion region(profile_, OpFamily::gemm_qkv, gemm_flops(B * T, W.qkv_w));
   nn::linear_forward(qkv, c.norm1.out, W.qkv_w->compute, W.qkv_b ? W.qkv_b->compute : Tensor());
   if (!for_cache && reads_packed_qkv()) {
-    c.qkv = qkv;  // attention reads q, k, v where the projection wrote them: no split
+    // Attention reads q, k, v where the projection wrote them: no split. RoPE turns q's and k's
+    // heads in place (positions from 0: a cache, which starts elsewhere, takes the split).
+    if (config_.rope()) {
+      Tensor heads = qkv.view({B, T, config_.n_head + 2 * config_.n_kv_head, D});
+      region.enter(OpFamily::rope, traffic(heads, 2) * (config_.n_head + config_.n_kv_head) /
+                                       (config_.n_head + 2 * config_.n_kv_head));
+      nn::rope_forward_heads(heads, rope_, config_.n_head + config_.n_kv_head);
+    }
+    c.qkv = qkv;
     return;
   }
   c.q = act({B, T, config_.n_head, D});
@@ -533,8 +541,7 @@ void Transformer::set_classifier_chunk(int64_t rows) {
 }
 
 bool Transformer::reads_packed_qkv() const {
-  return attention_.qkv_in_place && !config_.rope() &&
-         attention::reads_packed_in_place(attention_.impl, device_);
+  return attention_.qkv_in_place && attention::reads_packed_in_place(attention_.impl, device_);
 }
 
 Parameter* Transformer::head_parameter() const {
@@ -668,6 +675,11 @@ void Transformer::layer_backward(int64_t l, Tensor& dresidual) {
     // dq, dk, dv straight into the fused gradient: no merge.
     attention::backward_packed(attention_.impl, problem, c.qkv, c.att, datt.view({B, T, Hq, D}),
                                dqkv, segment_ids_, flash_config(problem, config));
+    if (config_.rope()) {
+      Tensor heads = dqkv.view({B, T, Hq + 2 * Hkv, D});
+      region.enter(OpFamily::rope, traffic(heads, 2) * (Hq + Hkv) / (Hq + 2 * Hkv));
+      nn::rope_backward_heads(heads, rope_, Hq + Hkv);
+    }
   } else {
     attention::Gradients g =
         attention::backward(attention_.impl, problem, c.q, c.k, c.v, c.att,

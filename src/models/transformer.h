@@ -247,8 +247,8 @@ class Transformer {
   // dresidual: d loss / d x_out on entry, d loss / d x_in on return (updated in place).
   void layer_backward(int64_t l, Tensor& dresidual);
   Parameter* head_parameter() const;
-  // Whether the layers hand attention the QKV projection's output as it is (forward_packed):
-  // without RoPE (which rewrites q and k) and where the implementation reads it in place.
+  // Whether the layers hand attention the QKV projection's output as it is (forward_packed,
+  // RoPE applied to q's and k's heads in place): where the implementation reads it in place.
   bool reads_packed_qkv() const;  // the classifier's weight (GPT-2: wte, tied)
   void check_targets(const Tensor& tokens, const Tensor& targets) const;
   // The classifier and the loss over the batch, chunk by chunk (classifier_chunk()): losses_,

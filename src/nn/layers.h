@@ -100,6 +100,12 @@ void rope_forward(Tensor& out, const Tensor& x, const RopeTable& table);  // out
 // tokens come after `offset` cached ones); offset + T must not exceed the table.
 void rope_forward(Tensor& out, const Tensor& x, const RopeTable& table, int64_t offset);
 void rope_backward(Tensor& dx, const Tensor& dout, const RopeTable& table);  // dx may alias dout
+// In place, only heads [0, heads) of each position of x [B, T, H, D], positions from 0: a fused
+// QKV buffer viewed as [B, T, Hq + 2 Hkv, D] with heads = Hq + Hkv rotates q and k where the
+// projection wrote them and leaves v as it is. The same values as rope_forward/rope_backward on
+// the split q and k, bit for bit.
+void rope_forward_heads(Tensor& x, const RopeTable& table, int64_t heads);
+void rope_backward_heads(Tensor& dx, const RopeTable& table, int64_t heads);
 
 // Split a fused projection qkv [B, T, (Hq + 2 Hkv) * D] into q [B, T, Hq, D], k and v
 // [B, T, Hkv, D]; merge is its backward (writes dqkv).

@@ -66,11 +66,12 @@ void check_rope_input(const Tensor& x, const RopeTable& table, const char* fn, c
            " has sequence length ", x.dim(1), " > RoPE table max_seq_len ", table.max_seq_len);
 }
 
-// direction +1 rotates by +angle (forward), -1 by -angle (backward). out may alias x: each pair
-// is read completely before it is written.
+// direction +1 rotates by +angle (forward), -1 by -angle (backward), heads [0, rotated) of each
+// position (the others are left as they are). out may alias x: each pair is read completely
+// before it is written.
 template <class T>
 void rotate_kernel(T* out, const T* x, const double* cos_tab, const double* sin_tab,
-                   const Shape& shape, int direction) {
+                   const Shape& shape, int64_t rotated, int direction) {
   using A = acc_t<T>;
   const int64_t B = shape[0], T_len = shape[1], H = shape[2], D = shape[3], half = D / 2;
 #pragma omp parallel for schedule(static) if (B * T_len * H * D >= detail::kParallelMinWork)
@@ -78,7 +79,7 @@ void rotate_kernel(T* out, const T* x, const double* cos_tab, const double* sin_
     const int64_t t = bt % T_len;
     const double* cos_row = cos_tab + t * half;
     const double* sin_row = sin_tab + t * half;
-    for (int64_t h = 0; h < H; ++h) {
+    for (int64_t h = 0; h < rotated; ++h) {
       const int64_t base = (bt * H + h) * D;
       for (int64_t i = 0; i < half; ++i) {
         const A c = static_cast<A>(cos_row[i]), s = static_cast<A>(direction * sin_row[i]);
@@ -90,18 +91,22 @@ void rotate_kernel(T* out, const T* x, const double* cos_tab, const double* sin_
   }
 }
 
+// rotated: heads [0, rotated) of each position; -1: all of them.
 void rotate(Tensor& out, const Tensor& x, const RopeTable& table, int direction, const char* fn,
-            const char* out_name, const char* in_name) {
+            const char* out_name, const char* in_name, int64_t rotated = -1) {
   check_table(table, x.defined() ? x.device() : Device::cpu, fn);
   check_rope_input(x, table, fn, in_name);
   detail::check_like(out, x, fn, out_name, in_name);
+  if (rotated < 0) rotated = x.dim(2);
+  FT_CHECK(rotated <= x.dim(2), fn, ": ", rotated, " heads to rotate, but ", in_name, " ",
+           shape_str(x.shape()), " has ", x.dim(2));
 #ifdef FLASHTRAIN_WITH_CUDA
-  if (x.device() == Device::cuda) return cuda::rope_rotate(out, x, table, direction);
+  if (x.device() == Device::cuda) return cuda::rope_rotate(out, x, table, rotated, direction);
 #endif
   dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     rotate_kernel(out.data<T>(), x.data<T>(), table.cos.data<double>(), table.sin.data<double>(),
-                  x.shape(), direction);
+                  x.shape(), rotated, direction);
   });
 }
 
@@ -164,6 +169,16 @@ void rope_forward(Tensor& out, const Tensor& x, const RopeTable& table, int64_t 
 void rope_backward(Tensor& dx, const Tensor& dout, const RopeTable& table) {
   if (!dx.defined()) return;
   rotate(dx, dout, table, -1, "rope_backward", "dx", "dout");
+}
+
+void rope_forward_heads(Tensor& x, const RopeTable& table, int64_t heads) {
+  FT_CHECK(heads >= 0, "rope_forward_heads: ", heads, " heads to rotate");
+  rotate(x, x, table, +1, "rope_forward_heads", "x", "x", heads);
+}
+
+void rope_backward_heads(Tensor& dx, const RopeTable& table, int64_t heads) {
+  FT_CHECK(heads >= 0, "rope_backward_heads: ", heads, " heads to rotate");
+  rotate(dx, dx, table, -1, "rope_backward_heads", "dx", "dx", heads);
 }
 
 }  // namespace ft::nn

@@ -1,8 +1,8 @@
 // The layers hand attention the QKV projection's output as it is where it can
 // (AttentionSettings::qkv_in_place, attention::forward_packed): training then gives the losses
 // and gradients of the split path bit for bit (GPT-2 on the CPU, fp32 and bf16, naive and
-// flash, with documents and padding, with a window), keeps the fused buffer instead of q, k, v,
-// and models with RoPE keep splitting.
+// flash, with documents and padding, with a window; LLaMA with RoPE turned in place on the
+// buffer), and keeps the fused buffer instead of q, k, v.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -88,26 +88,28 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 }
 
 TEST(PackedQkv, TrainsTheSplitPathsLossesAndGradientsBitForBit) {
-  const ModelConfig config = small("gpt2-tiny");
-  for (const char* dtype_name : {"fp32", "bf16"}) {
-    for (attention::Impl impl : {attention::Impl::naive, attention::Impl::flash}) {
-      for (int64_t window : {int64_t{0}, int64_t{5}}) {
-        for (bool segments : {false, true}) {
-          AttentionSettings in_place{impl};
-          in_place.window = window;
-          AttentionSettings split = in_place;
-          split.qkv_in_place = false;
-          const DType dtype = parse_dtype(dtype_name);
-          const Trace a = train_steps(config, dtype, in_place, segments);
-          const Trace b = train_steps(config, dtype, split, segments);
-          const std::string what = std::string(dtype_name) + " " + attention::impl_name(impl) +
-                                   " window " + std::to_string(window) +
-                                   (segments ? " documents" : "");
-          EXPECT_EQ(a.losses, b.losses) << what;
-          for (size_t s = 0; s < a.grads.size(); ++s) {
-            EXPECT_TRUE(same_bits(a.grads[s], b.grads[s]))
-                << what << " step " << s + 1 << ": gradients differ by up to "
-                << max_abs_diff(a.grads[s], b.grads[s]);
+  for (const char* name : {"gpt2-tiny", "llama3-tiny"}) {
+    const ModelConfig config = small(name);
+    for (const char* dtype_name : {"fp32", "bf16"}) {
+      for (attention::Impl impl : {attention::Impl::naive, attention::Impl::flash}) {
+        for (int64_t window : {int64_t{0}, int64_t{5}}) {
+          for (bool segments : {false, true}) {
+            AttentionSettings in_place{impl};
+            in_place.window = window;
+            AttentionSettings split = in_place;
+            split.qkv_in_place = false;
+            const DType dtype = parse_dtype(dtype_name);
+            const Trace a = train_steps(config, dtype, in_place, segments);
+            const Trace b = train_steps(config, dtype, split, segments);
+            const std::string what = std::string(name) + " " + dtype_name + " " +
+                                     attention::impl_name(impl) + " window " +
+                                     std::to_string(window) + (segments ? " documents" : "");
+            EXPECT_EQ(a.losses, b.losses) << what;
+            for (size_t s = 0; s < a.grads.size(); ++s) {
+              EXPECT_TRUE(same_bits(a.grads[s], b.grads[s]))
+                  << what << " step " << s + 1 << ": gradients differ by up to "
+                  << max_abs_diff(a.grads[s], b.grads[s]);
+            }
           }
         }
       }

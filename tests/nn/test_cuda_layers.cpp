@@ -229,6 +229,14 @@ TEST_P(CudaLayers, RopeAndQkv) {
     Tensor inplace = gpu(x);  // the models rotate q and k in place
     rope_forward(inplace, inplace, table);
     expect_match(inplace, out, tol(), "rope in place");
+    // Only the first heads (the fused QKV buffer's q and k), in place.
+    Tensor g_heads = gpu(x), c_heads = x.clone();
+    rope_forward_heads(g_heads, table, Hq - 2);
+    rope_forward_heads(c_heads, cpu_table, Hq - 2);
+    expect_match(g_heads, c_heads, tol(), "rope of the first heads");
+    rope_backward_heads(g_heads, table, Hq - 2);
+    rope_backward_heads(c_heads, cpu_table, Hq - 2);
+    expect_match(g_heads, c_heads, tol(), "rope back of the first heads");
     // The CPU path still works with a table that also holds the GPU copy.
     Tensor cpu_out = poisoned(x.shape(), dt());
     rope_forward(cpu_out, x, table);

@@ -199,3 +199,45 @@ TEST(Qkv, BadShapesThrow) {
 
 }  // namespace
 }  // namespace ft::nn
+
+namespace ft::nn {
+namespace {
+
+// The fused buffer's q and k heads turned in place: rope_forward / rope_backward on the split q
+// and k, bit for bit, and v untouched (fp32 and bf16; Hq 4, Hkv 2, head dim 6).
+TEST(RopeHeads, InPlaceOnTheFusedBufferGivesTheSplitRotationAndLeavesV) {
+  constexpr int64_t Hq = 4, Hkv = 2;
+  const RopeTable table = make_rope_table(kMaxT, kD, kTheta, true);
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const Tensor qkv = randn({kB, kT, (Hq + 2 * Hkv) * kD}, 31).to(dt);
+    Tensor q = poisoned({kB, kT, Hq, kD}, dt), k = poisoned({kB, kT, Hkv, kD}, dt),
+           v = poisoned({kB, kT, Hkv, kD}, dt);
+    split_qkv(q, k, v, qkv);
+    for (int direction : {+1, -1}) {
+      Tensor fused = qkv.clone();
+      Tensor heads = fused.view({kB, kT, Hq + 2 * Hkv, kD});
+      Tensor rq = poisoned(q.shape(), dt), rk = poisoned(k.shape(), dt);
+      if (direction > 0) {
+        rope_forward_heads(heads, table, Hq + Hkv);
+        rope_forward(rq, q, table);
+        rope_forward(rk, k, table);
+      } else {
+        rope_backward_heads(heads, table, Hq + Hkv);
+        rope_backward(rq, q, table);
+        rope_backward(rk, k, table);
+      }
+      Tensor gq = poisoned(q.shape(), dt), gk = poisoned(k.shape(), dt),
+             gv = poisoned(v.shape(), dt);
+      split_qkv(gq, gk, gv, fused);
+      EXPECT_EQ(max_abs_diff(gq, rq), 0.0) << dtype_name(dt) << " " << direction;
+      EXPECT_EQ(max_abs_diff(gk, rk), 0.0) << dtype_name(dt) << " " << direction;
+      EXPECT_EQ(max_abs_diff(gv, v), 0.0) << dtype_name(dt) << " " << direction;
+    }
+  }
+  Tensor x = randn({kB, kT, kH, kD}, 32);
+  EXPECT_THROW(rope_forward_heads(x, table, kH + 1), Error);
+  EXPECT_THROW(rope_backward_heads(x, table, -1), Error);
+}
+
+}  // namespace
+}  // namespace ft::nn

@@ -229,9 +229,8 @@ std::vector<std::string> expected_rows(const TrainConfig& c) {
   for (const std::string& name : family_names()) {
     if (name == "all-reduce" || (name == "rope" && c.model == "gpt2-tiny")) continue;
     if (name == "recompute" && c.recompute == models::Recompute::none) continue;
-    // GPT-2 (no RoPE) hands attention the fused QKV buffer where it reads it in place.
-    const bool packed =
-        c.model == "gpt2-tiny" && attention::reads_packed_in_place(c.attention.impl, c.device);
+    // The model hands attention the fused QKV buffer where it reads it in place.
+    const bool packed = attention::reads_packed_in_place(c.attention.impl, c.device);
     if (name == "qkv split/merge" && packed) continue;
     rows.push_back(name);
   }

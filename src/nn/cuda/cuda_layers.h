@@ -47,7 +47,9 @@ void swiglu_backward(Tensor& dgate, Tensor& dup, const Tensor& dout, const Tenso
 // Fills table.cos_device / sin_device (fp32 copies of the fp64 table on the GPU).
 void upload_rope_table(RopeTable& table);
 // direction +1: forward rotation, -1: backward (inverse) rotation; out may alias x.
-void rope_rotate(Tensor& out, const Tensor& x, const RopeTable& table, int direction);
+// Heads [0, rotated) of each position of x [B, T, H, D].
+void rope_rotate(Tensor& out, const Tensor& x, const RopeTable& table, int64_t rotated,
+                 int direction);
 
 // Arguments checked by nn::decode_attention (layers.h).
 void decode_attention(Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,

@@ -12,18 +12,21 @@
 namespace ft::nn::cuda {
 namespace {
 
+// Pair p of the rotated ones: pair i of head h < rotated at position bt (= b * T + t), the
+// element 2 i of that head; with every head rotated, element 2 p.
 template <class T>
 __global__ void rope_kernel(T* out, const T* x, const float* cos_tab, const float* sin_tab,
-                            int64_t n_pairs, int64_t T_len, int64_t H, int64_t half,
-                            float direction) {
+                            int64_t n_pairs, int64_t T_len, int64_t H, int64_t rotated,
+                            int64_t half, float direction) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < n_pairs;
        p += stride) {
-    const int64_t i = p % half, t = (p / half / H) % T_len;
+    const int64_t i = p % half, h = (p / half) % rotated, bt = p / half / rotated;
+    const int64_t t = bt % T_len, e = ((bt * H + h) * half + i) * 2;
     const float c = cos_tab[t * half + i], s = direction * sin_tab[t * half + i];
-    const float x0 = to_f32(x[2 * p]), x1 = to_f32(x[2 * p + 1]);
-    out[2 * p] = from_f32<T>(c * x0 - s * x1);
-    out[2 * p + 1] = from_f32<T>(s * x0 + c * x1);
+    const float x0 = to_f32(x[e]), x1 = to_f32(x[e + 1]);
+    out[e] = from_f32<T>(c * x0 - s * x1);
+    out[e + 1] = from_f32<T>(s * x0 + c * x1);
   }
 }
 
@@ -44,15 +47,16 @@ void upload_rope_table(RopeTable& table) {
   table.sin_device = upload_f32(table.sin);
 }
 
-void rope_rotate(Tensor& out, const Tensor& x, const RopeTable& table, int direction) {
-  const int64_t n_pairs = x.numel() / 2;
+void rope_rotate(Tensor& out, const Tensor& x, const RopeTable& table, int64_t rotated,
+                 int direction) {
+  const int64_t n_pairs = x.dim(0) * x.dim(1) * rotated * (x.dim(3) / 2);
   if (n_pairs == 0) return;
   dispatch_cuda_float(x.dtype(), direction > 0 ? "rope_forward" : "rope_backward", [&](auto tag) {
     using T = decltype(tag);
     constexpr int kThreads = 256;
     rope_kernel<T><<<grid_for(n_pairs, kThreads), kThreads, 0, stream()>>>(
         ptr<T>(out), ptr<T>(x), ptr<float>(table.cos_device), ptr<float>(table.sin_device), n_pairs,
-        x.dim(1), x.dim(2), x.dim(3) / 2, static_cast<float>(direction));
+        x.dim(1), x.dim(2), rotated, x.dim(3) / 2, static_cast<float>(direction));
     FT_CUDA_CHECK_LAUNCH();
   });
 }
