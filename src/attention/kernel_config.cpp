@@ -642,6 +642,7 @@ struct DefaultRow {
   const char* family;
   int64_t max_head_dim;  // the row applies to head dims up to this
   MaskClass mask_class;
+  int64_t min_seq_len;  // and to sequences at least this long
   const char* config;
 };
 
@@ -661,23 +662,28 @@ struct DefaultRow {
 // 32 keeps the mma.sync rows, the fastest correct of `flashtrain sweep --all-paths` before the
 // wgmma path (docs/SWEEP.md). sm100 takes sm90's mma.sync rows unmeasured (wgmma is sm90 only),
 // sm80 the same tiles (they fit its shared memory); sm86/89 and sm120 (99 KB per block) the
-// small tiles with the single-stage backward.
+// small tiles with the single-stage backward. At head dim 64 the forward's softmax bounds the
+// 128x128 plan (docs/PERF.md, t6-t9); at long sequences three consumer groups (192x128) hide it
+// better: llama3-1b at S=32768 9.61 ms against 10.15 (cuDNN 9.66 in another call), while short
+// sequences have too few 192-row work tiles to fill 132 multiprocessors (GPT-2, S=1024: 0.071
+// against 0.057 ms); the crossover is docs/PERF.md's "t9".
 constexpr DefaultRow kDefaults[] = {
-    {"sm80", 256, MaskClass::dense, "fwd=128x64/128 bwd=64x128/256/double"},
-    {"sm80", 256, MaskClass::local, "fwd=64x64/128 bwd=64x64/128/double"},
-    {"sm86", 256, MaskClass::dense, "fwd=64x64/128 bwd=64x64/128/single"},
-    {"sm86", 256, MaskClass::local, "fwd=64x64/128 bwd=64x64/128/single"},
-    {"sm90", 32, MaskClass::dense, "fwd=128x64/128 bwd=64x128/256/double"},
-    {"sm90", 32, MaskClass::local, "fwd=64x64/128 bwd=64x64/128/double"},
-    {"sm90", 64, MaskClass::dense, "fwd=128x128/384/tma/s2/pp bwd=64x128/384/tma"},
-    {"sm90", 128, MaskClass::dense, "fwd=128x128/384/tma/s2/pp bwd=64x128/384/tma"},
-    {"sm90", 256, MaskClass::dense, "fwd=128x64/384/tma/s2/pp bwd=64x128/256/wgmma"},
-    {"sm90", 128, MaskClass::local, "fwd=64x64/128/wgmma bwd=64x128/384/tma"},
-    {"sm90", 256, MaskClass::local, "fwd=128x64/384/tma/s2/pp bwd=64x64/128/wgmma"},
-    {"sm100", 256, MaskClass::dense, "fwd=128x64/128 bwd=64x128/256/double"},
-    {"sm100", 256, MaskClass::local, "fwd=64x64/128 bwd=64x64/128/double"},
-    {"sm120", 256, MaskClass::dense, "fwd=64x64/128 bwd=64x64/128/single"},
-    {"sm120", 256, MaskClass::local, "fwd=64x64/128 bwd=64x64/128/single"},
+    {"sm80", 256, MaskClass::dense, 0, "fwd=128x64/128 bwd=64x128/256/double"},
+    {"sm80", 256, MaskClass::local, 0, "fwd=64x64/128 bwd=64x64/128/double"},
+    {"sm86", 256, MaskClass::dense, 0, "fwd=64x64/128 bwd=64x64/128/single"},
+    {"sm86", 256, MaskClass::local, 0, "fwd=64x64/128 bwd=64x64/128/single"},
+    {"sm90", 32, MaskClass::dense, 0, "fwd=128x64/128 bwd=64x128/256/double"},
+    {"sm90", 32, MaskClass::local, 0, "fwd=64x64/128 bwd=64x64/128/double"},
+    {"sm90", 64, MaskClass::dense, kLongSeqLen, "fwd=192x128/512/tma/s2/pp bwd=64x128/384/tma"},
+    {"sm90", 64, MaskClass::dense, 0, "fwd=128x128/384/tma/s2/pp bwd=64x128/384/tma"},
+    {"sm90", 128, MaskClass::dense, 0, "fwd=128x128/384/tma/s2/pp bwd=64x128/384/tma"},
+    {"sm90", 256, MaskClass::dense, 0, "fwd=128x64/384/tma/s2/pp bwd=64x128/256/wgmma"},
+    {"sm90", 128, MaskClass::local, 0, "fwd=64x64/128/wgmma bwd=64x128/384/tma"},
+    {"sm90", 256, MaskClass::local, 0, "fwd=128x64/384/tma/s2/pp bwd=64x64/128/wgmma"},
+    {"sm100", 256, MaskClass::dense, 0, "fwd=128x64/128 bwd=64x128/256/double"},
+    {"sm100", 256, MaskClass::local, 0, "fwd=64x64/128 bwd=64x64/128/double"},
+    {"sm120", 256, MaskClass::dense, 0, "fwd=64x64/128 bwd=64x64/128/single"},
+    {"sm120", 256, MaskClass::local, 0, "fwd=64x64/128 bwd=64x64/128/single"},
 };
 
 // kDefaults' configurations, parsed once: the rows are text so that they read as `--config`
@@ -693,12 +699,14 @@ const std::vector<KernelConfig>& parsed_defaults() {
 
 }  // namespace
 
-KernelConfig default_config(const DeviceLimits& device, int64_t head_dim, MaskClass mask_class) {
+KernelConfig default_config(const DeviceLimits& device, int64_t head_dim, MaskClass mask_class,
+                            int64_t seq_len) {
   const std::string family = arch_family(device.compute_capability);
   const std::vector<KernelConfig>& parsed = parsed_defaults();
   for (size_t i = 0; i < std::size(kDefaults); ++i) {
     const DefaultRow& row = kDefaults[i];
-    if (family == row.family && head_dim <= row.max_head_dim && mask_class == row.mask_class) {
+    if (family == row.family && head_dim <= row.max_head_dim && mask_class == row.mask_class &&
+        seq_len >= row.min_seq_len) {
       return parsed[i];
     }
   }
@@ -707,7 +715,8 @@ KernelConfig default_config(const DeviceLimits& device, int64_t head_dim, MaskCl
 
 KernelConfig default_config(const DeviceLimits& device, const Problem& problem) {
   return with_deterministic_backward(
-      default_config(device, problem.head_dim, mask_class_of(problem.mask)), device, problem);
+      default_config(device, problem.head_dim, mask_class_of(problem.mask), problem.seq_len),
+      device, problem);
 }
 
 KernelConfig with_deterministic_backward(KernelConfig c, const DeviceLimits& device,

@@ -148,8 +148,10 @@ std::vector<std::string> arch_families();
 
 // The configuration the flash kernels use when none is asked for (the per-architecture table in
 // kernel_config.cpp, chosen for sm90 by `flashtrain sweep`; docs/SWEEP.md has the tables).
+// Rows may ask for a sequence length of at least kLongSeqLen (seq_len 0: the rows for any length).
+inline constexpr int64_t kLongSeqLen = 8192;
 KernelConfig default_config(const DeviceLimits& device, int64_t head_dim,
-                            MaskClass mask_class = MaskClass::dense);
+                            MaskClass mask_class = MaskClass::dense, int64_t seq_len = 0);
 // For a problem: its mask class's row, then with_deterministic_backward().
 KernelConfig default_config(const DeviceLimits& device, const Problem& problem);
 // Deterministic mode needs the tma backward (the only bf16 one with a fixed dQ order): for a

@@ -357,6 +357,29 @@ TEST(KernelConfig, DefaultsDependOnTheMaskClass) {
   }
 }
 
+// sm90 at head dim 64 and dense masks: three consumer groups (192x128) from kLongSeqLen on, the
+// 128x128 plan below it (short rows leave too few 192-row work tiles); other head dims and the
+// local masks do not look at the length.
+TEST(KernelConfig, Sm90HeadDim64DefaultsDependOnTheSequenceLength) {
+  const DeviceLimits sm90 = DeviceLimits::for_arch("sm90");
+  Problem p = bf16_problem(64);
+  p.seq_len = kLongSeqLen - 1;
+  EXPECT_EQ(default_config(sm90, p).str(), "fwd=128x128/384/tma/s2/pp bwd=64x128/384/tma");
+  p.seq_len = kLongSeqLen;
+  EXPECT_EQ(default_config(sm90, p).str(), "fwd=192x128/512/tma/s2/pp bwd=64x128/384/tma");
+  EXPECT_EQ(default_config(sm90, 64, MaskClass::dense, 32768), default_config(sm90, p));
+  EXPECT_EQ(default_config(sm90, 64, MaskClass::dense),
+            default_config(sm90, 64, MaskClass::dense, 1));
+  EXPECT_EQ(can_implement(default_config(sm90, p), p, sm90), "");
+  p.mask.window = 512;
+  EXPECT_EQ(default_config(sm90, p), default_config(sm90, 64, MaskClass::local));
+  Problem q = bf16_problem(128);
+  q.seq_len = 4 * kLongSeqLen;
+  EXPECT_EQ(default_config(sm90, q), default_config(sm90, 128, MaskClass::dense));
+  EXPECT_EQ(default_config(DeviceLimits::for_arch("sm80"), 64, MaskClass::dense, 32768),
+            default_config(DeviceLimits::for_arch("sm80"), 64, MaskClass::dense));
+}
+
 // The sweep's candidates contain every tile the default build compiles (so the sweep can always
 // time the defaults), and compiled tiles all have a valid layout on sm90.
 TEST(KernelConfig, SweepCandidatesCoverTheDefaults) {
