@@ -15,7 +15,9 @@
 # KERNELS: forward and/or backward (matched as wgmma_<kernel>_kernel, or set KERNEL_REGEX);
 # CASE, BATCH (default 4), CONFIG: passed to bench_attention_gpu; SECTIONS: ncu's sections
 # (default: --set full with source counters); NCU_ARGS (default --clock-control none: the
-# clocks as the card runs them, not locked to base).
+# clocks as the card runs them, not locked to base); BENCH: the bench binary (default the carried
+# one; a variant's, build-gpu/variants/NAME/bench_attention_gpu, unpacked by gpu_variants.sh);
+# TAG: a name for the report files (default the kernel).
 set -uo pipefail
 out="${OUT:-gpu-out}/profile"
 mkdir -p "$out"
@@ -25,18 +27,19 @@ ncu --version | tail -1
 status=0
 for k in ${KERNELS:-forward backward}; do
   regex="${KERNEL_REGEX:-wgmma_${k}_kernel}"
+  tag="${TAG:-$k}"
   # shellcheck disable=SC2086
   ncu ${NCU_ARGS:---clock-control none} ${SECTIONS:---set full --import-source yes} \
-    -k "regex:$regex" -c 1 -f -o "$out/$k" \
-    build-gpu/carry/bench_attention_gpu --case "${CASE:-hero-causal}" --batch "${BATCH:-4}" \
+    -k "regex:$regex" -c 1 -f -o "$out/$tag" \
+    "${BENCH:-build-gpu/carry/bench_attention_gpu}" --case "${CASE:-hero-causal}" --batch "${BATCH:-4}" \
     --impl flash --config "${CONFIG:-fwd=128x128/256/wgmma bwd=64x128/256/wgmma}" \
-    --warmup 0 --iters 1 >"$out/${k}_run.log" 2>&1 || { echo "ncu $k failed"; status=1; continue; }
-  ncu -i "$out/$k.ncu-rep" --page details --print-details all >"$out/${k}_details.txt" 2>&1
-  ncu -i "$out/$k.ncu-rep" --page source --csv --print-source sass >"$out/${k}_sass.csv" 2>&1
-  echo "== $k ($regex)"
+    --warmup 0 --iters 1 >"$out/${tag}_run.log" 2>&1 || { echo "ncu $tag failed"; status=1; continue; }
+  ncu -i "$out/$tag.ncu-rep" --page details --print-details all >"$out/${tag}_details.txt" 2>&1
+  ncu -i "$out/$tag.ncu-rep" --page source --csv --print-source sass >"$out/${tag}_sass.csv" 2>&1
+  echo "== $tag ($regex)"
   grep -E "Duration|SM Frequency|Pipe Tensor Cycles Active  |Executed Instructions  |Issued Warp Per Scheduler|Registers Per Thread|Achieved Occupancy" \
-    "$out/${k}_details.txt" | awk '!seen[$1 $2 $3]++' | head -12
-  python3 - "$out/${k}_sass.csv" <<'PY'
+    "$out/${tag}_details.txt" | awk '!seen[$1 $2 $3]++' | head -12
+  python3 - "$out/${tag}_sass.csv" <<'PY'
 import collections, csv, sys
 rows = list(csv.reader(open(sys.argv[1])))
 if len(rows) < 3 or "Instructions Executed" not in rows[1]:
