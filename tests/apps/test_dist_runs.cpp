@@ -113,8 +113,14 @@ TEST(DistTrain, TwoRanksMatchOneProcess) {
           "%s --zero %s: max |loss(2 ranks) - loss(1 process)| over 20 steps %.3g, "
           "val %.3g\n",
           model.c_str(), zero.c_str(), train_diff, val_diff);
-      EXPECT_LT(train_diff, 1e-5) << model << " --zero " << zero;
-      EXPECT_LT(val_diff, 1e-5) << model << " --zero " << zero;
+      // Two ranks add their gradients in another order than one process does, and 20 fp32
+      // AdamW steps carry that difference on. How far depends on the OpenBLAS kernel set
+      // (OPENBLAS_CORETYPE), most for llama3-tiny (RMSNorm, SwiGLU, RoPE): 1.4e-6 with Haswell
+      // and Zen, 1.1e-5 with SkylakeX, 2.0e-5 with Sandybridge; gpt2-tiny stays under 2.1e-7
+      // with all four.
+      const double bound = model == "llama3-tiny" ? 5e-5 : 1e-5;
+      EXPECT_LT(train_diff, bound) << model << " --zero " << zero;
+      EXPECT_LT(val_diff, bound) << model << " --zero " << zero;
       // The JSON step line carries each rank's figures; the text line the job's.
       const std::string first_step = [&] {
         std::ifstream in(log);
