@@ -73,7 +73,7 @@ struct TrainFlags {
   std::string profile;  // --profile [STEP]: empty without a value
   double dist_timeout = 600.0;
   int64_t layers = 0, width = 0, heads = 0, kv_heads = 0, vocab = 0, context = 0;
-  bool list_models = false, rope_scaling = false;
+  bool list_models = false, rope_scaling = false, split_qkv = false;
   CLI::App* cmd = nullptr;  // to tell a flag given on the command line from its default
 };
 
@@ -171,6 +171,7 @@ void run(TrainFlags& f) {
   c.device = resolve_device(f.device, launch.rank == 0 ? std::cout : null_out, &gpu);
   c.attention.impl = attention::parse_impl(f.attention);
   c.recompute = models::parse_recompute(f.recompute);
+  c.attention.qkv_in_place = !f.split_qkv;
   c.classifier_chunk = classifier_chunk_rows(f.classifier_chunk);
   FT_CHECK(c.attention.impl != attention::Impl::reference,
            "--attention reference is the fp64 test oracle; train with naive or flash");
@@ -276,6 +277,10 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag("--deterministic", c.attention.deterministic,
                 "Attention backward with bit-identical results on every run (the GPU's bf16 "
                 "flash backward then adds its dQ parts in a fixed order: the tma path, sm90)");
+  cmd->add_flag("--split-qkv", flags->split_qkv,
+                "Copy q, k and v out of the fused QKV projection (and dq, dk, dv back into its "
+                "gradient) instead of handing attention the fused buffer to read in place: the "
+                "same arithmetic, for measuring what the copies cost");
   cmd->add_option("--recompute", flags->recompute,
                   "Keep less for backward and recompute it there: none, attention (q, k, v; "
                   "naive also its S x S probabilities), mlp (the MLP's hidden-width "

@@ -11,8 +11,8 @@ mkdir -p "$out"
 source scripts/gpu_env.sh || exit 1
 cli=build-gpu/carry/flashtrain
 steps="${STEPS:-20}"
-run() {  # name, flashtrain flags, peer flags (none: ours alone)
-  local name=$1 ours=$2 peer=${3:-}
+run() {  # name, flashtrain flags, peer flags (none: ours alone), steps (default $STEPS)
+  local name=$1 ours=$2 peer=${3:-} steps=${4:-$steps}
   case " ${RUNS:-$name} " in *" $name "*) ;; *) return ;; esac
   $cli train --device cuda --val-data '' --sample-tokens 0 --steps "$steps" \
     --warmup 5 --lr 1e-4 $ours >"$out/ft_$name.log" 2>&1
@@ -41,6 +41,25 @@ run gpt2_bf16_b16_compile "--model gpt2 --batch-size 16 --seq-len 1024 --dtype b
 run llama1b_bf16_flash \
   "--model llama3-1b --batch-size 4 --seq-len 2048 --dtype bf16 --attention flash" \
   "--model llama3-1b --batch-size 4 --seq-len 2048 --dtype bf16 --attention sdpa"
+# torch.compile beside the llama3-1b shape too (the bar of the step-speed work).
+run llama1b_bf16_compile \
+  "--model llama3-1b --batch-size 4 --seq-len 2048 --dtype bf16 --attention flash" \
+  "--model llama3-1b --batch-size 4 --seq-len 2048 --dtype bf16 --attention sdpa --compile"
+# q, k, v copied out of the fused projection (--split-qkv): what reading them in place saves,
+# ours alone.
+run gpt2_bf16_b16_flash_split \
+  "--model gpt2 --batch-size 16 --seq-len 1024 --dtype bf16 --attention flash --split-qkv"
+run llama1b_bf16_flash_split \
+  "--model llama3-1b --batch-size 4 --seq-len 2048 --dtype bf16 --attention flash --split-qkv"
+# Long context, batch 1: 32768 positions beside PyTorch eager and compiled (out of memory is a
+# result, printed as such), then 65536 and 131072, ours alone, recomputing where it must.
+# Fewer steps at the long rows (seconds per step).
+run llama1b_32k "--model llama3-1b --batch-size 1 --seq-len 32768 --context 32768 --dtype bf16 --attention flash" \
+  "--model llama3-1b --batch-size 1 --seq-len 32768 --dtype bf16 --attention sdpa" 10
+run llama1b_32k_compile "--model llama3-1b --batch-size 1 --seq-len 32768 --context 32768 --dtype bf16 --attention flash" \
+  "--model llama3-1b --batch-size 1 --seq-len 32768 --dtype bf16 --attention sdpa --compile" 10
+run llama1b_64k "--model llama3-1b --batch-size 1 --seq-len 65536 --context 65536 --dtype bf16 --attention flash" "" 6
+run llama1b_128k "--model llama3-1b --batch-size 1 --seq-len 131072 --context 131072 --dtype bf16 --attention flash --recompute block" "" 4
 # The classifier over the whole micro-batch at once (--classifier-chunk 0): what the chunks
 # (the default, auto) save in peak memory and cost in tok/s, ours alone.
 run gpt2_bf16_b16_flash_whole \

@@ -286,19 +286,28 @@ def main():
     times = []
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    for step in range(args.warmup + args.steps):
-        synchronize()
-        t0 = time.perf_counter()
-        loss = train_step()
-        synchronize()
-        if step >= args.warmup:
-            times.append(time.perf_counter() - t0)
-    ms = statistics.median(times) * 1000
-    result = {
+    header = {
         "peer": "pytorch-compile" if args.compile else "pytorch-eager",
         "torch": torch.__version__, "gpu": torch.cuda.get_device_name() if cuda else "cpu",
         "model": args.model, "dtype": args.dtype, "attention": args.attention, "batch": B,
-        "seq_len": T, "ms": round(ms, 2), "tok_per_s": round(B * T / (ms / 1000)),
+        "seq_len": T}
+    try:
+        for step in range(args.warmup + args.steps):
+            synchronize()
+            t0 = time.perf_counter()
+            loss = train_step()
+            synchronize()
+            if step >= args.warmup:
+                times.append(time.perf_counter() - t0)
+    except torch.cuda.OutOfMemoryError as e:
+        # Running out of memory is a result at this shape: say so, with the peak reached.
+        print(json.dumps({**header, "error": "out of memory", "steps_run": len(times),
+                          "peak_allocated_mb": round(torch.cuda.max_memory_allocated() / 2**20),
+                          "detail": str(e).splitlines()[0][:200]}))
+        return
+    ms = statistics.median(times) * 1000
+    result = {
+        **header, "ms": round(ms, 2), "tok_per_s": round(B * T / (ms / 1000)),
         "peak_allocated_mb": round(torch.cuda.max_memory_allocated() / 2**20) if cuda else None,
         "peak_reserved_mb": round(torch.cuda.max_memory_reserved() / 2**20) if cuda else None,
         "loss": round(loss.item(), 4),

@@ -99,9 +99,11 @@ ForwardOutput forward_packed(Impl impl, const Problem& problem, const Tensor& qk
 void backward_packed(Impl impl, const Problem& problem, const Tensor& qkv, const ForwardOutput& fwd,
                      const Tensor& dout, Tensor& dqkv, const Tensor& segment_ids = {},
                      const KernelConfig* config = nullptr);
-// Whether `impl` reads a packed qkv in place on `device` (the CPU implementations do). Where it
-// does not, the packed calls copy q, k and v out first and the gradients back in: the same
-// results, with the copies a caller that splits the buffer itself would make.
+// Whether `impl` reads a packed qkv in place on `device`: every CPU implementation does, and on
+// the GPU flash does where its kernels take strided rows (bf16 on the tma path, sm90; the
+// direction's configuration decides, call by call). Elsewhere the packed calls copy q, k and v
+// out first and the gradients back in: the same results, with the copies a caller that splits
+// the buffer itself would make, so a caller loses nothing by handing flash the fused buffer.
 bool reads_packed_in_place(Impl impl, Device device);
 
 // True when key position j may be attended by query position i of batch row b.

@@ -200,6 +200,12 @@ ForwardOutput forward_packed(Impl impl, const Problem& problem, const Tensor& qk
   check_packed_inputs(impl, problem, qkv, segment_ids);
 #ifdef FLASHTRAIN_WITH_CUDA
   if (qkv.device() == Device::cuda) {
+    if (impl == Impl::flash) {
+      const KernelConfig c = checked_config(problem, config, KernelDirection::forward);
+      if (cuda::flash_reads_packed(problem, c, KernelDirection::forward)) {
+        return cuda::flash_forward_packed(problem, qkv, segment_ids, c);
+      }
+    }
     const cuda::Unpacked in = cuda::unpack(problem, qkv);
     return forward(impl, problem, in.q, in.k, in.v, segment_ids, config);
   }
@@ -221,6 +227,13 @@ void backward_packed(Impl impl, const Problem& problem, const Tensor& qkv, const
            "while it writes dqkv)");
 #ifdef FLASHTRAIN_WITH_CUDA
   if (qkv.device() == Device::cuda) {
+    if (impl == Impl::flash) {
+      const KernelConfig c = checked_config(problem, config, KernelDirection::backward);
+      if (cuda::flash_reads_packed(problem, c, KernelDirection::backward)) {
+        cuda::flash_backward_packed(problem, qkv, fwd, dout, segment_ids, c, dqkv);
+        return;
+      }
+    }
     const cuda::Unpacked in = cuda::unpack(problem, qkv);
     cuda::pack_gradients(
         problem, backward(impl, problem, in.q, in.k, in.v, fwd, dout, segment_ids, config), dqkv);
@@ -235,8 +248,7 @@ void backward_packed(Impl impl, const Problem& problem, const Tensor& qkv, const
 }
 
 bool reads_packed_in_place(Impl impl, Device device) {
-  (void)impl;
-  return device == Device::cpu;
+  return device == Device::cpu || impl == Impl::flash;
 }
 
 }  // namespace ft::attention

@@ -39,6 +39,44 @@ inline void poison_device_pool(int64_t bytes) {
   junk.fill(std::numeric_limits<double>::quiet_NaN());
 }
 
+// The default, every compiled forward tile (and tma plan) with the default backward, and every
+// compiled backward tile and path with the default forward; those can_implement accepts for `p`
+// in direction `which` (forward only: head dims without a backward kernel).
+inline std::vector<KernelConfig> configs_under_test(const Problem& p,
+                                                    KernelDirection which = KernelDirection::both) {
+  const DeviceLimits& device = DeviceLimits::current();
+  const KernelConfig base = default_config(device, p.head_dim);
+  std::vector<KernelConfig> out;
+  auto add = [&](const KernelConfig& c) {
+    for (const KernelConfig& seen : out) {
+      if (seen == c) return;
+    }
+    if (can_implement(c, p, device, which).empty()) out.push_back(c);
+  };
+  add(base);
+  for (const TmaForwardPlan& plan : compiled_kernels().tma_forward) {
+    if (plan.head_dim == p.head_dim) add(with_tma_forward(base, plan));
+  }
+  for (ForwardPath path : {ForwardPath::mma, ForwardPath::wgmma}) {
+    for (const TileConfig& tile : compiled_kernels().forward_tiles(path)) {
+      KernelConfig c = base;
+      c.forward = tile;
+      c.forward_path = path;
+      add(c);
+    }
+  }
+  if (which == KernelDirection::forward) return out;
+  for (BackwardPath path : all_backward_paths()) {
+    for (const TileConfig& tile : compiled_kernels().backward_tiles(path)) {
+      KernelConfig c = base;
+      c.backward = tile;
+      c.backward_path = path;
+      add(c);
+    }
+  }
+  return out;
+}
+
 struct GpuResult {  // copied back to the CPU
   ForwardOutput fwd;
   Gradients grads;

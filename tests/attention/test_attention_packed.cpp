@@ -1,9 +1,10 @@
 // q, k, v read in place from one fused QKV buffer (forward_packed / backward_packed) against the
 // dense calls on the three parts split out: o, lse and every gradient bit for bit, for the
 // reference, naive and flash, fp32 and bf16, every mask, GQA, odd lengths and head dims 32..256
-// (on the CPU, which reads the buffer in place, and on a GPU, whose packed calls copy). Since
-// the dense calls meet the accuracy grid (test_attention_accuracy.cpp, test_cuda_flash.cpp), so
-// do the packed ones. Then the packed calls' errors.
+// (on the CPU, which reads the buffer in place, and on a GPU, where the tma kernels read it in
+// place and the others copy; every tma plan on longer problems). Since the dense calls meet the
+// accuracy grid (test_attention_accuracy.cpp, test_cuda_flash.cpp), so do the packed ones. Then
+// the packed calls' errors.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -83,7 +84,15 @@ Tensor on(const Tensor& t, Device device) {
   return t.defined() && t.device() != device ? t.to(device) : t;
 }
 
-// The packed calls against the dense ones on `device`, bit for bit.
+// Whether the GPU's flash kernels refuse the backward of `p` (bf16 head dims with a forward
+// kernel and no backward one: 256).
+bool backward_refused(Impl impl, const Problem& p, Device device) {
+  if (device != Device::cuda || impl != Impl::flash) return false;
+  const DeviceLimits& limits = DeviceLimits::current();
+  return !can_implement(default_config(limits, p), p, limits, KernelDirection::backward).empty();
+}
+
+// The packed calls against the dense ones on `device`, bit for bit (the backward where it runs).
 void expect_packed_equals_dense(Impl impl, const Packed& in, Device device,
                                 const std::string& what) {
   const Problem& p = in.problem;
@@ -93,6 +102,13 @@ void expect_packed_equals_dense(Impl impl, const Packed& in, Device device,
   const ForwardOutput packed = forward_packed(impl, p, qkv, seg);
   EXPECT_TRUE(same_bits(packed.o, dense.o)) << what << ": o";
   EXPECT_TRUE(same_bits(packed.lse, dense.lse)) << what << ": lse";
+  if (backward_refused(impl, p, device)) {  // both calls refuse it, with the same reason
+    Tensor dqkv = Tensor::empty(qkv.shape(), p.dtype, device);
+    expect_error([&] { backward(impl, p, q, k, v, dense, dout, seg); }, {"cannot run", "head dim"});
+    expect_error([&] { backward_packed(impl, p, qkv, packed, dout, dqkv, seg); },
+                 {"cannot run", "head dim"});
+    return;
+  }
   const Gradients g = backward(impl, p, q, k, v, dense, dout, seg);
   const DType grad_dtype = impl == Impl::reference ? DType::f64 : p.dtype;
   Tensor dqkv = Tensor::empty(qkv.shape(), grad_dtype, device);
@@ -127,6 +143,64 @@ TEST_P(PackedAttention, GpuGivesTheDenseCallsBits) {
                                  std::string(impl_name(impl)) + " " + dtype_name(dtype));
     }
   }
+}
+
+// Longer, grouped and masked problems at the tma kernels' head dims: several key and query
+// tiles, a ragged last tile, GQA, every mask class.
+const Case kTmaPackedCases[] = {
+    {"s513_h8g4_d64_causal", {2, 513, 8, 2, 64}, true},
+    {"s1000_h4g2_d64_window100_segments", {1, 1000, 4, 2, 64}, false, 100, true},
+    {"s700_h4g1_d128_none", {1, 700, 4, 4, 128}, false},
+    {"s600_h6g3_d128_causal_scattered", {1, 600, 6, 2, 128}, true, 0, true, true},
+    {"s300_h2g2_d256_causal_segments", {2, 300, 2, 1, 256}, true, 0, true},
+};
+
+// The tma kernels read q, k, v inside the fused buffer through tensor maps with its row stride,
+// and the tma backward writes dq, dk, dv into dqkv: for every compiled tma forward plan and tma
+// backward tile, the packed calls give the dense calls' bits (the backward in deterministic
+// mode, whose dQ sums have a fixed order, so that two runs may be compared bit for bit).
+TEST(PackedAttention, GpuTmaKernelsReadAndWriteTheFusedBuffersInPlace) {
+  const std::string why = gpu_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  const DeviceLimits& device = DeviceLimits::current();
+  int forward_checked = 0, backward_checked = 0;
+  for (const Case& c : kTmaPackedCases) {
+    Packed in = make_packed(c, DType::bf16, 2468);
+    const Tensor qkv = in.qkv.to(Device::cuda), q = in.q.to(Device::cuda),
+                 k = in.k.to(Device::cuda), v = in.v.to(Device::cuda),
+                 dout = in.dout.to(Device::cuda);
+    const Tensor& seg = in.segment_ids;
+    for (const KernelConfig& config : configs_under_test(in.problem, KernelDirection::forward)) {
+      if (config.forward_path != ForwardPath::tma) continue;
+      const std::string what = std::string(c.name) + " " + config.forward_str();
+      const ForwardOutput dense = forward(Impl::flash, in.problem, q, k, v, seg, &config);
+      const ForwardOutput packed = forward_packed(Impl::flash, in.problem, qkv, seg, &config);
+      EXPECT_TRUE(same_bits(packed.o, dense.o)) << what << ": o";
+      EXPECT_TRUE(same_bits(packed.lse, dense.lse)) << what << ": lse";
+      ++forward_checked;
+    }
+    Problem p = in.problem;
+    p.deterministic = true;
+    for (const KernelConfig& config : configs_under_test(p)) {
+      if (config.backward_path != BackwardPath::tma) continue;
+      const std::string what = std::string(c.name) + " " + config.str();
+      const ForwardOutput fwd = forward(Impl::flash, p, q, k, v, seg, &config);
+      const Tensor expected = merged(p, backward(Impl::flash, p, q, k, v, fwd, dout, seg, &config));
+      Tensor dqkv = Tensor::empty(qkv.shape(), DType::bf16, Device::cuda);
+      dqkv.fill(std::numeric_limits<double>::quiet_NaN());  // every element must be written
+      backward_packed(Impl::flash, p, qkv, fwd, dout, dqkv, seg, &config);
+      EXPECT_TRUE(all_finite(dqkv)) << what << ": dqkv has unwritten elements";
+      EXPECT_TRUE(same_bits(dqkv, expected))
+          << what << ": dqkv differs from the dense gradients by up to "
+          << max_abs_diff(dqkv, expected);
+      ++backward_checked;
+    }
+  }
+  if (device.arch != "sm90") GTEST_SKIP() << "no tma kernels run on " << device.arch;
+  EXPECT_GT(forward_checked, 0);
+  EXPECT_GT(backward_checked, 0);
+  EXPECT_TRUE(reads_packed_in_place(Impl::flash, Device::cuda));
+  EXPECT_FALSE(reads_packed_in_place(Impl::naive, Device::cuda));
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, PackedAttention, ::testing::ValuesIn(kPackedCases),

@@ -48,44 +48,6 @@ int64_t naive_bytes(const Problem& p) {
   return 8 * squares + flash_bytes(p);
 }
 
-// The default, every compiled forward tile (and tma plan) with the default backward, and every
-// compiled backward tile and path with the default forward; those can_implement accepts for `p`
-// in direction `which` (forward only: head dims without a backward kernel).
-std::vector<KernelConfig> configs_under_test(const Problem& p,
-                                             KernelDirection which = KernelDirection::both) {
-  const DeviceLimits& device = DeviceLimits::current();
-  const KernelConfig base = default_config(device, p.head_dim);
-  std::vector<KernelConfig> out;
-  auto add = [&](const KernelConfig& c) {
-    for (const KernelConfig& seen : out) {
-      if (seen == c) return;
-    }
-    if (can_implement(c, p, device, which).empty()) out.push_back(c);
-  };
-  add(base);
-  for (const TmaForwardPlan& plan : compiled_kernels().tma_forward) {
-    if (plan.head_dim == p.head_dim) add(with_tma_forward(base, plan));
-  }
-  for (ForwardPath path : {ForwardPath::mma, ForwardPath::wgmma}) {
-    for (const TileConfig& tile : compiled_kernels().forward_tiles(path)) {
-      KernelConfig c = base;
-      c.forward = tile;
-      c.forward_path = path;
-      add(c);
-    }
-  }
-  if (which == KernelDirection::forward) return out;
-  for (BackwardPath path : all_backward_paths()) {
-    for (const TileConfig& tile : compiled_kernels().backward_tiles(path)) {
-      KernelConfig c = base;
-      c.backward = tile;
-      c.backward_path = path;
-      add(c);
-    }
-  }
-  return out;
-}
-
 struct Errors {
   double o, lse, dq, dk, dv;
 };

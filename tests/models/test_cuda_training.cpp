@@ -247,6 +247,29 @@ TEST(CudaTrainer, RecomputeModesTrainBitIdenticallyToNone) {
   }
 }
 
+// On the GPU the layers hand flash the fused QKV buffer (its tma kernels read q, k, v in place and
+// write dq, dk, dv into the fused gradient; LLaMA's RoPE turns the buffer's heads in place):
+// bf16 training gives the split path's losses bit for bit, dense, with a window and with
+// documents (the backward deterministic, as above).
+TEST(CudaTrainer, FusedQkvTrainsTheSplitPathsLossesBitForBit) {
+  REQUIRE_GPU();
+  for (const std::string model : {"gpt2-tiny", "llama3-tiny"}) {
+    for (int mask = 0; mask < 3; ++mask) {
+      train::TrainConfig c = deterministic_flash_run(model);
+      c.batch_size = 4;
+      c.seq_len = 256;
+      c.steps = 4;
+      c.quiet = true;
+      c.attention.window = mask == 1 ? 64 : 0;
+      c.doc_mask = mask == 2;
+      std::ostringstream out;
+      const train::TrainSummary fused = train::train(c, out);
+      c.attention.qkv_in_place = false;
+      EXPECT_EQ(train::train(c, out).losses, fused.losses) << model << " mask " << mask;
+    }
+  }
+}
+
 // A kernel-config file reaches every attention call: its row is what flash_kernel_configs()
 // reports and what the kernels run (an unchecked row that can_implement refuses fails the
 // forward, named), a runnable row trains as the built-in one does (bf16, within rounding), and

@@ -28,6 +28,16 @@ Gradients flash_backward(const Problem& p, const Tensor& q, const Tensor& k, con
                          const ForwardOutput& fwd, const Tensor& dout, const Tensor& segment_ids,
                          const KernelConfig& config);
 
+// The same reading q, k and v inside a fused QKV buffer [B, S, (Hq + 2 Hkv) * D] (attention.h's
+// forward_packed) and writing dq, dk and dv into dqkv in the same layout, for configurations
+// whose kernels take strided rows in that direction (flash_reads_packed: bf16 on the tma path).
+bool flash_reads_packed(const Problem& p, const KernelConfig& config, KernelDirection which);
+ForwardOutput flash_forward_packed(const Problem& p, const Tensor& qkv, const Tensor& segment_ids,
+                                   const KernelConfig& config);
+void flash_backward_packed(const Problem& p, const Tensor& qkv, const ForwardOutput& fwd,
+                           const Tensor& dout, const Tensor& segment_ids,
+                           const KernelConfig& config, Tensor& dqkv);
+
 // The packed calls for kernels that read dense q, k, v (packed.cu): the three parts of a fused
 // QKV buffer [B, S, (Hq + 2 Hkv) * D] copied out, and dq, dk, dv copied into the fused gradient.
 struct Unpacked {

@@ -92,14 +92,18 @@ __global__ void backward_preprocess_bf16_kernel(const __nv_bfloat16* o, const __
   }
 }
 
-// dq = dq_accum * scale in bf16, four values per thread.
-__global__ void convert_dq_kernel(const float4* dq_accum, uint2* dq, int64_t n4, float scale) {
+// dq = dq_accum * scale in bf16, four values per thread: dq_accum holds dense rows of `cols`
+// values (Hq * D, a multiple of 8, so four values never straddle two rows), which land dq_row
+// elements apart in dq (cols when dense; wider inside a fused gradient buffer).
+__global__ void convert_dq_kernel(const float4* dq_accum, __nv_bfloat16* dq, int64_t n4, int cols,
+                                  int64_t dq_row, float scale) {
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (i >= n4) return;
   const float4 v = dq_accum[i];
+  const int64_t row = 4 * i / cols, col = 4 * i - row * cols;
   const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x * scale, v.y * scale);
   const __nv_bfloat162 hi = __floats2bfloat162_rn(v.z * scale, v.w * scale);
-  dq[i] =
+  *reinterpret_cast<uint2*>(dq + row * dq_row + col) =
       make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
 }
 
@@ -130,11 +134,9 @@ const Bf16Kernels& bf16_kernels() {
   return table;
 }
 
-FlashParams make_params(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v) {
+// The problem's sizes and mask, with dense rows; the caller points q, k, v (and the gradients).
+FlashParams make_params(const Problem& p) {
   FlashParams fp;
-  fp.q = q.raw();
-  fp.k = k.raw();
-  fp.v = v.raw();
   fp.causal = p.mask.causal;
   // A window of S or more hides nothing; clamping keeps the int arithmetic of the kernels safe.
   fp.window = static_cast<int>(std::min(p.mask.window, p.seq_len));
@@ -143,9 +145,41 @@ FlashParams make_params(const Problem& p, const Tensor& q, const Tensor& k, cons
   fp.q_heads = static_cast<int>(p.q_heads);
   fp.kv_heads = static_cast<int>(p.kv_heads);
   fp.head_dim = static_cast<int>(p.head_dim);
+  fp.q_row = fp.dq_row = p.q_heads * p.head_dim;
+  fp.k_row = fp.v_row = fp.dk_row = fp.dv_row = p.kv_heads * p.head_dim;
   fp.scale = static_cast<float>(p.effective_scale());
   fp.scale_log2 = static_cast<float>(p.effective_scale() * 1.4426950408889634);
   return fp;
+}
+
+// Pointers to q, k and v (or dq, dk and dv) inside one fused buffer [B, S, (Hq + 2 Hkv) * D],
+// and the elements between its positions.
+struct FusedParts {
+  char *q, *k, *v;
+  int64_t row;
+};
+
+FusedParts fused_parts(const Problem& p, const Tensor& qkv) {
+  const int64_t elem = static_cast<int64_t>(dtype_size(qkv.dtype()));
+  char* base = static_cast<char*>(const_cast<void*>(qkv.raw()));
+  const int64_t q_cols = p.q_heads * p.head_dim, kv_cols = p.kv_heads * p.head_dim;
+  return {base, base + q_cols * elem, base + (q_cols + kv_cols) * elem, q_cols + 2 * kv_cols};
+}
+
+void point_at_inputs(FlashParams& fp, const Problem& p, const Tensor& qkv) {
+  const FusedParts f = fused_parts(p, qkv);
+  fp.q = f.q;
+  fp.k = f.k;
+  fp.v = f.v;
+  fp.q_row = fp.k_row = fp.v_row = f.row;
+}
+
+void point_at_gradients(FlashParams& fp, const Problem& p, Tensor& dqkv) {
+  const FusedParts f = fused_parts(p, dqkv);
+  fp.dq = f.q;
+  fp.dk = f.k;
+  fp.dv = f.v;
+  fp.dq_row = fp.dk_row = fp.dv_row = f.row;
 }
 
 // Segment ids on the GPU and their chunk summary (undefined tensors without segments).
@@ -201,13 +235,24 @@ void flash_bf16_backward(const TileConfig& tile, BackwardPath path, const FlashP
                   backward_path_name(path), " and head dim ", p.head_dim));
 }
 
-ForwardOutput flash_forward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
-                            const Tensor& segment_ids, const KernelConfig& config) {
-  FlashParams fp = make_params(p, q, k, v);
+// The tma kernels (and the dQ conversion) take q, k, v and dq, dk, dv rows as far apart as a fused
+// buffer's; the others read dense tensors.
+bool flash_reads_packed(const Problem& p, const KernelConfig& config, KernelDirection which) {
+  if (p.dtype != DType::bf16) return false;
+  return which == KernelDirection::forward ? config.forward_path == ForwardPath::tma
+                                           : config.backward_path == BackwardPath::tma;
+}
+
+namespace {
+
+// The forward on fp's q, k and v: allocates o and lse and launches the configuration's kernel.
+ForwardOutput run_forward(const Problem& p, FlashParams fp, const Tensor& segment_ids,
+                          const KernelConfig& config) {
+  FT_ASSERT(fp.dense_rows() || flash_reads_packed(p, config, KernelDirection::forward));
   const DeviceSegments seg = device_segments(p, segment_ids);
   attach(fp, seg);
   ForwardOutput out;
-  out.o = Tensor::empty(q.shape(), p.dtype, Device::cuda);
+  out.o = Tensor::empty({p.batch, p.seq_len, p.q_heads, p.head_dim}, p.dtype, Device::cuda);
   out.lse = Tensor::empty({p.batch, p.q_heads, p.seq_len}, DType::f32, Device::cuda);
   out.saved = seg.chunks;
   fp.o = out.o.raw();
@@ -220,27 +265,22 @@ ForwardOutput flash_forward(const Problem& p, const Tensor& q, const Tensor& k, 
   return out;
 }
 
-Gradients flash_backward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
-                         const ForwardOutput& fwd, const Tensor& dout, const Tensor& segment_ids,
-                         const KernelConfig& config) {
-  FlashParams fp = make_params(p, q, k, v);
+// The backward on fp's q, k, v into fp's dq, dk, dv: the preprocess, the configuration's
+// kernel and (bf16) the dQ conversion, with the scratch they need.
+void run_backward(const Problem& p, FlashParams fp, const ForwardOutput& fwd, const Tensor& dout,
+                  const Tensor& segment_ids, const KernelConfig& config) {
+  FT_ASSERT(fp.dense_rows() || flash_reads_packed(p, config, KernelDirection::backward));
   const DeviceSegments seg = device_segments(p, segment_ids, fwd.saved);
   attach(fp, seg);
   fp.lse = const_cast<float*>(fwd.lse.data<float>());
   fp.dout = dout.raw();
-  Gradients g;
-  g.dq = Tensor::empty(q.shape(), p.dtype, Device::cuda);
-  g.dk = Tensor::empty(k.shape(), p.dtype, Device::cuda);
-  g.dv = Tensor::empty(v.shape(), p.dtype, Device::cuda);
-  fp.dq = g.dq.raw();
-  fp.dk = g.dk.raw();
-  fp.dv = g.dv.raw();
   Tensor dsum = Tensor::empty({p.batch, p.q_heads, p.seq_len}, DType::f32, Device::cuda);
   fp.dsum = dsum.data<float>();
   const bool bf16 = p.dtype == DType::bf16;
+  const Shape q_shape{p.batch, p.seq_len, p.q_heads, p.head_dim};
   Tensor dq_accum;
   if (bf16) {
-    dq_accum = Tensor::empty(q.shape(), DType::f32, Device::cuda);
+    dq_accum = Tensor::empty(q_shape, DType::f32, Device::cuda);
     fp.dq_accum = dq_accum.data<float>();
   }
   const int64_t rows = p.batch * p.seq_len * p.q_heads;
@@ -257,7 +297,7 @@ Gradients flash_backward(const Problem& p, const Tensor& q, const Tensor& k, con
         fp.head_dim);
     FT_CUDA_CHECK(cudaGetLastError());
     flash_fp32_backward(fp, stream);
-    return g;
+    return;
   }
   // bf16 head dims are multiples of 8 up to 256 (can_implement): 4 to 32 chunks of 8 per row.
   const int chunks = static_cast<int>(p.head_dim / 8);
@@ -286,7 +326,7 @@ Gradients flash_backward(const Problem& p, const Tensor& q, const Tensor& k, con
       throw Error(str("attention: no bf16 backward preprocess for head dim ", p.head_dim));
   }
   FT_CUDA_CHECK(cudaGetLastError());
-  const int64_t n = q.numel();
+  const int64_t n = p.batch * p.seq_len * p.q_heads * p.head_dim;
   Tensor dq_semaphore;  // freed stream-ordered, after the kernel that uses it
   if (p.deterministic) {
     const int64_t q_tiles = (p.seq_len + 63) / 64;
@@ -296,9 +336,59 @@ Gradients flash_backward(const Problem& p, const Tensor& q, const Tensor& k, con
   }
   flash_bf16_backward(config.backward, config.backward_path, fp, stream);
   convert_dq_kernel<<<blocks_for(n / 4, 256), 256, 0, stream>>>(
-      reinterpret_cast<const float4*>(fp.dq_accum), static_cast<uint2*>(fp.dq), n / 4, fp.scale);
+      reinterpret_cast<const float4*>(fp.dq_accum), static_cast<__nv_bfloat16*>(fp.dq), n / 4,
+      fp.q_heads * fp.head_dim, fp.dq_row, fp.scale);
   FT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+ForwardOutput flash_forward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& segment_ids, const KernelConfig& config) {
+  FlashParams fp = make_params(p);
+  fp.q = q.raw();
+  fp.k = k.raw();
+  fp.v = v.raw();
+  return run_forward(p, fp, segment_ids, config);
+}
+
+ForwardOutput flash_forward_packed(const Problem& p, const Tensor& qkv, const Tensor& segment_ids,
+                                   const KernelConfig& config) {
+  FT_CHECK(flash_reads_packed(p, config, KernelDirection::forward), "attention: the flash forward ",
+           config.forward_str(), " does not read a fused QKV buffer in place");
+  FlashParams fp = make_params(p);
+  point_at_inputs(fp, p, qkv);
+  return run_forward(p, fp, segment_ids, config);
+}
+
+Gradients flash_backward(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                         const ForwardOutput& fwd, const Tensor& dout, const Tensor& segment_ids,
+                         const KernelConfig& config) {
+  FlashParams fp = make_params(p);
+  fp.q = q.raw();
+  fp.k = k.raw();
+  fp.v = v.raw();
+  Gradients g;
+  g.dq = Tensor::empty(q.shape(), p.dtype, Device::cuda);
+  g.dk = Tensor::empty(k.shape(), p.dtype, Device::cuda);
+  g.dv = Tensor::empty(v.shape(), p.dtype, Device::cuda);
+  fp.dq = g.dq.raw();
+  fp.dk = g.dk.raw();
+  fp.dv = g.dv.raw();
+  run_backward(p, fp, fwd, dout, segment_ids, config);
   return g;
+}
+
+void flash_backward_packed(const Problem& p, const Tensor& qkv, const ForwardOutput& fwd,
+                           const Tensor& dout, const Tensor& segment_ids,
+                           const KernelConfig& config, Tensor& dqkv) {
+  FT_CHECK(flash_reads_packed(p, config, KernelDirection::backward),
+           "attention: the flash backward ", config.backward.str(), "/",
+           backward_path_name(config.backward_path), " does not read a fused QKV buffer in place");
+  FlashParams fp = make_params(p);
+  point_at_inputs(fp, p, qkv);
+  point_at_gradients(fp, p, dqkv);
+  run_backward(p, fp, fwd, dout, segment_ids, config);
 }
 
 }  // namespace ft::attention::cuda

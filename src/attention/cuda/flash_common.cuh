@@ -22,7 +22,8 @@ struct SegmentChunk {
 };
 
 struct FlashParams {
-  // [B, S, H, D] contiguous, bf16 or fp32 as the problem's dtype.
+  // [B, S, H, D], bf16 or fp32 as the problem's dtype; heads of a position and the elements of a
+  // head contiguous, positions row_* elements apart (below).
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
@@ -49,10 +50,19 @@ struct FlashParams {
   int window = 0;  // 0: none; keys >= query - (window - 1)
 
   int batch = 0, seq_len = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
+  // Elements between consecutive positions of q, k, v and of dq, dk, dv: H * D for dense
+  // tensors, (Hq + 2 Hkv) * D inside a fused QKV buffer and its gradient. Only the tma kernels
+  // (and the dQ conversion) take other than dense rows; o, dout and the fp32 scratch are dense.
+  int64_t q_row = 0, k_row = 0, v_row = 0, dq_row = 0, dk_row = 0, dv_row = 0;
   float scale = 0.0f;       // softmax scale
   float scale_log2 = 0.0f;  // scale * log2(e): scores go through exp2
 
   __host__ __device__ int group() const { return q_heads / kv_heads; }
+  __host__ __device__ bool dense_rows() const {
+    const int64_t qd = int64_t{q_heads} * head_dim, kvd = int64_t{kv_heads} * head_dim;
+    return q_row == qd && dq_row == qd && k_row == kvd && v_row == kvd && dk_row == kvd &&
+           dv_row == kvd;
+  }
   __host__ __device__ int chunks_per_row() const {
     return (seq_len + kSegmentChunk - 1) / kSegmentChunk;
   }

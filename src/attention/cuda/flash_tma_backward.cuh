@@ -43,7 +43,7 @@ void add_tma_backward_d128(Bf16Kernels& k);
 
 // A 4-d tensor map over the [B, S, H, D] bf16 tensor (flash_tma_forward.cuh's, tensor_map.cu).
 CUtensorMap head_tensor_map(const void* base, int batch, int seq_len, int heads, int head_dim,
-                            int box_rows);
+                            int64_t row_elems, int box_rows);
 // A 4-d tensor map over a [B, S, H, D] fp32 tensor (the dQ buffer) whose boxes are 32 columns x
 // 64 rows of one head, swizzled by 128 bytes (tensor_map.cu).
 CUtensorMap dq_tensor_map(float* base, int batch, int seq_len, int heads, int head_dim);
@@ -507,9 +507,8 @@ __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const Backward
   __syncwarp();
   if (lane == 0) mbar_arrive(s.dq_full(dq_ring.slot, g));
 
-  auto* dk_base = static_cast<__nv_bfloat16*>(p.dk) + (int64_t{b} * S * p.kv_heads + hk) * D;
-  auto* dv_base = static_cast<__nv_bfloat16*>(p.dv) + (int64_t{b} * S * p.kv_heads + hk) * D;
-  const int64_t kv_stride = int64_t{p.kv_heads} * D;
+  auto* dk_base = static_cast<__nv_bfloat16*>(p.dk) + int64_t{b} * S * p.dk_row + hk * D;
+  auto* dv_base = static_cast<__nv_bfloat16*>(p.dv) + int64_t{b} * S * p.dv_row + hk * D;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int j = k0 + key_row + 8 * half;
@@ -517,9 +516,9 @@ __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const Backward
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt) {
       const int col = dt * 8 + (lane % 4) * 2;
-      *reinterpret_cast<uint32_t*>(dk_base + j * kv_stride + col) =
+      *reinterpret_cast<uint32_t*>(dk_base + j * p.dk_row + col) =
           pack_bf16(dk[4 * dt + 2 * half] * p.scale, dk[4 * dt + 2 * half + 1] * p.scale);
-      *reinterpret_cast<uint32_t*>(dv_base + j * kv_stride + col) =
+      *reinterpret_cast<uint32_t*>(dv_base + j * p.dv_row + col) =
           pack_bf16(dv[4 * dt + 2 * half], dv[4 * dt + 2 * half + 1]);
     }
   }
@@ -579,10 +578,11 @@ template <int PLAN>
 void launch_tma_backward(const FlashParams& p, cudaStream_t stream) {
   constexpr TmaBackwardPlan P = kTmaBackwardPlans[PLAN];
   TmaBackwardArgs a;
-  a.q = head_tensor_map(p.q, p.batch, p.seq_len, p.q_heads, P.head_dim, P.block_m);
-  a.dout = head_tensor_map(p.dout, p.batch, p.seq_len, p.q_heads, P.head_dim, P.block_m);
-  a.k = head_tensor_map(p.k, p.batch, p.seq_len, p.kv_heads, P.head_dim, P.block_n);
-  a.v = head_tensor_map(p.v, p.batch, p.seq_len, p.kv_heads, P.head_dim, P.block_n);
+  a.q = head_tensor_map(p.q, p.batch, p.seq_len, p.q_heads, P.head_dim, p.q_row, P.block_m);
+  a.dout = head_tensor_map(p.dout, p.batch, p.seq_len, p.q_heads, P.head_dim,
+                           int64_t{p.q_heads} * P.head_dim, P.block_m);
+  a.k = head_tensor_map(p.k, p.batch, p.seq_len, p.kv_heads, P.head_dim, p.k_row, P.block_n);
+  a.v = head_tensor_map(p.v, p.batch, p.seq_len, p.kv_heads, P.head_dim, p.v_row, P.block_n);
   a.dq = dq_tensor_map(p.dq_accum, p.batch, p.seq_len, p.q_heads, P.head_dim);
   a.p = p;
   a.pairs_per_group = pairs_of_group(p);

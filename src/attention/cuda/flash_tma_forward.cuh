@@ -42,10 +42,11 @@ void add_tma_forward_d64(Bf16Kernels& k);
 void add_tma_forward_d128(Bf16Kernels& k);
 void add_tma_forward_d256(Bf16Kernels& k);
 
-// A 4-d tensor map over a [B, S, H, D] bf16 tensor whose boxes are 64 columns x `box_rows` rows
+// A 4-d tensor map over a [B, S, H, D] bf16 tensor whose positions are `row_elems` elements
+// apart (H * D when dense; more inside a fused QKV buffer): boxes of 64 columns x `box_rows` rows
 // of one head, swizzled by 128 bytes (tensor_map.cu).
 CUtensorMap head_tensor_map(const void* base, int batch, int seq_len, int heads, int head_dim,
-                            int box_rows);
+                            int64_t row_elems, int box_rows);
 // Multiprocessors of the current device (tensor_map.cu).
 int sm_count();
 
@@ -686,10 +687,11 @@ template <int PLAN>
 void launch_tma_forward(const FlashParams& p, cudaStream_t stream) {
   constexpr TmaForwardPlan P = kTmaForwardPlans[PLAN];
   TmaForwardArgs a;
-  a.q = head_tensor_map(p.q, p.batch, p.seq_len, p.q_heads, P.head_dim, P.block_m);
-  a.k = head_tensor_map(p.k, p.batch, p.seq_len, p.kv_heads, P.head_dim, P.block_n);
-  a.v = head_tensor_map(p.v, p.batch, p.seq_len, p.kv_heads, P.head_dim, P.block_n);
-  a.o = head_tensor_map(p.o, p.batch, p.seq_len, p.q_heads, P.head_dim, 64);
+  a.q = head_tensor_map(p.q, p.batch, p.seq_len, p.q_heads, P.head_dim, p.q_row, P.block_m);
+  a.k = head_tensor_map(p.k, p.batch, p.seq_len, p.kv_heads, P.head_dim, p.k_row, P.block_n);
+  a.v = head_tensor_map(p.v, p.batch, p.seq_len, p.kv_heads, P.head_dim, p.v_row, P.block_n);
+  a.o = head_tensor_map(p.o, p.batch, p.seq_len, p.q_heads, P.head_dim,
+                        int64_t{p.q_heads} * P.head_dim, 64);
   a.p = p;
   a.order = make_tile_order(p, P.block_m);
   auto kernel =

@@ -1,7 +1,7 @@
-// Host side of the TMA kernels: tensor maps over [B, S, H, D] tensors (bf16 tiles, and the fp32
-// dQ buffer that the backward reduces into), encoded through the driver's cuTensorMapEncodeTiled
-// (reached through the runtime, so nothing links libcuda), and the device's multiprocessor count
-// for persistent grids.
+// Host side of the TMA kernels: tensor maps over [B, S, H, D] tensors (bf16 tiles, dense or
+// inside a fused QKV buffer, and the fp32 dQ buffer that the backward reduces into), encoded
+// through the driver's cuTensorMapEncodeTiled (reached through the runtime, so nothing links
+// libcuda), and the device's multiprocessor count for persistent grids.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
@@ -34,16 +34,18 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_function() {
 
 namespace {
 
-// A 4-d map over a dense [B, S, H, D] tensor: boxes of box_cols columns x box_rows rows of one
-// head, swizzled by 128 bytes (box_cols * element bytes is the swizzle's 128).
+// A 4-d map over a [B, S, H, D] tensor whose positions are row_elems elements apart (H * D when
+// dense): boxes of box_cols columns x box_rows rows of one head, swizzled by 128 bytes
+// (box_cols * element bytes is the swizzle's 128).
 CUtensorMap tiled_head_map(const void* base, CUtensorMapDataType type, cuuint64_t element,
-                           int batch, int seq_len, int heads, int head_dim, int box_cols,
-                           int box_rows) {
+                           int batch, int seq_len, int heads, int head_dim, int64_t row_elems,
+                           int box_cols, int box_rows) {
   const cuuint64_t dims[4] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(heads),
                               static_cast<cuuint64_t>(seq_len), static_cast<cuuint64_t>(batch)};
-  // Bytes between consecutive heads, rows and batch rows (the innermost dimension is dense).
-  const cuuint64_t strides[3] = {dims[0] * element, dims[0] * dims[1] * element,
-                                 dims[0] * dims[1] * dims[2] * element};
+  // Bytes between consecutive heads, positions and batch rows (the innermost dimension is
+  // dense). TMA wants each a multiple of 16 bytes, as the base address.
+  const cuuint64_t row_bytes = static_cast<cuuint64_t>(row_elems) * element;
+  const cuuint64_t strides[3] = {dims[0] * element, row_bytes, row_bytes * dims[2]};
   const cuuint32_t box[4] = {static_cast<cuuint32_t>(box_cols), 1,
                              static_cast<cuuint32_t>(box_rows), 1};
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
@@ -54,21 +56,22 @@ CUtensorMap tiled_head_map(const void* base, CUtensorMapDataType type, cuuint64_
                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   FT_CHECK(r == CUDA_SUCCESS, "attention: cuTensorMapEncodeTiled failed (error ", int{r},
            ") for a [", batch, ", ", seq_len, ", ", heads, ", ", head_dim, "] tensor at ", base,
-           " with ", box_cols, "x", box_rows, " boxes");
+           " with positions ", row_elems, " elements apart and ", box_cols, "x", box_rows,
+           " boxes");
   return map;
 }
 
 }  // namespace
 
 CUtensorMap head_tensor_map(const void* base, int batch, int seq_len, int heads, int head_dim,
-                            int box_rows) {
+                            int64_t row_elems, int box_rows) {
   return tiled_head_map(base, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, batch, seq_len, heads, head_dim,
-                        64, box_rows);
+                        row_elems, 64, box_rows);
 }
 
 CUtensorMap dq_tensor_map(float* base, int batch, int seq_len, int heads, int head_dim) {
   return tiled_head_map(base, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, batch, seq_len, heads, head_dim,
-                        32, 64);
+                        int64_t{heads} * head_dim, 32, 64);
 }
 
 namespace {
