@@ -38,8 +38,10 @@ struct Case {
   int64_t C;
 };
 
-// 450 rows (several warps' blocks, a partial last block); C = 96 takes the 16-byte-pack paths,
-// C = 50 the element-wise ones.
+// 450 rows (several warps' blocks, a partial last block). Rows of 16-byte packs up to 1024 bf16
+// or 512 fp32 columns run the kernels that keep a row in registers (C = 96: one pack per lane;
+// bf16 768: three, GPT-2's width; bf16 1024: four); longer ones (fp32 768, bf16 2048, llama3-1b's
+// width) the streaming 16-byte-pack kernels, C = 50 the element-wise ones.
 class CudaFusedNorms : public ::testing::TestWithParam<Case> {
  protected:
   DType dt() const { return GetParam().dtype; }
@@ -147,6 +149,8 @@ TEST_P(CudaFusedNorms, NormBackwardAdd) {
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaFusedNorms,
                          ::testing::Values(Case{DType::f32, 96}, Case{DType::bf16, 96},
+                                           Case{DType::f32, 768}, Case{DType::bf16, 768},
+                                           Case{DType::bf16, 1024}, Case{DType::bf16, 2048},
                                            Case{DType::f32, 50}, Case{DType::bf16, 50}),
                          [](const ::testing::TestParamInfo<Case>& p) {
                            return std::string(dtype_name(p.param.dtype)) + "_C" +

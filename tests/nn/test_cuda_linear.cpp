@@ -140,27 +140,31 @@ TEST(CudaLinear, RealisticGpt2Shape) {
   check_linear({{512, 768}, 2304, DType::f32, true}, 210);
 }
 
-// Many rows: the bias gradient reduction splits rows into several chunks.
+// Many rows: the bias gradient reduction splits rows into several chunks (a partial last one),
+// one column per thread (45 columns) or a 16-byte pack per thread (1000: a partial last tile).
 TEST(CudaLinear, BiasGradientOverManyRowsIsDeterministic) {
   FT_REQUIRE_GPU();
-  const int64_t N = 3000, IC = 8, OC = 45;
-  const Tensor inp = randn({N, IC}, DType::bf16, 300).to(Device::cuda);
-  const Tensor w = randn({OC, IC}, DType::bf16, 301).to(Device::cuda);
-  const Tensor dout_cpu = randn({N, OC}, DType::bf16, 302);
-  const Tensor dout = dout_cpu.to(Device::cuda);
-  Tensor none_inp, none_w;
-  Tensor db1 = Tensor::zeros({OC}, DType::f32, Device::cuda);
-  Tensor db2 = Tensor::zeros({OC}, DType::f32, Device::cuda);
-  linear_backward(none_inp, none_w, db1, dout, inp, w);
-  linear_backward(none_inp, none_w, db2, dout, inp, w);
-  EXPECT_EQ(max_abs_diff(db1, db2), 0.0) << "same inputs, different bias gradients";
-  // Against an fp64 column sum of the same bf16 values.
-  const Tensor d64 = dout_cpu.to(DType::f64);
-  Tensor want = Tensor::zeros({OC}, DType::f64);
-  for (int64_t r = 0; r < N; ++r) {
-    for (int64_t o = 0; o < OC; ++o) want.data<double>()[o] += d64.data<double>()[r * OC + o];
+  for (const int64_t OC : {45, 1000}) {
+    SCOPED_TRACE(str("OC=", OC));
+    const int64_t N = 3000, IC = 8;
+    const Tensor inp = randn({N, IC}, DType::bf16, 300).to(Device::cuda);
+    const Tensor w = randn({OC, IC}, DType::bf16, 301).to(Device::cuda);
+    const Tensor dout_cpu = randn({N, OC}, DType::bf16, 302);
+    const Tensor dout = dout_cpu.to(Device::cuda);
+    Tensor none_inp, none_w;
+    Tensor db1 = Tensor::zeros({OC}, DType::f32, Device::cuda);
+    Tensor db2 = Tensor::zeros({OC}, DType::f32, Device::cuda);
+    linear_backward(none_inp, none_w, db1, dout, inp, w);
+    linear_backward(none_inp, none_w, db2, dout, inp, w);
+    EXPECT_EQ(max_abs_diff(db1, db2), 0.0) << "same inputs, different bias gradients";
+    // Against an fp64 column sum of the same bf16 values.
+    const Tensor d64 = dout_cpu.to(DType::f64);
+    Tensor want = Tensor::zeros({OC}, DType::f64);
+    for (int64_t r = 0; r < N; ++r) {
+      for (int64_t o = 0; o < OC; ++o) want.data<double>()[o] += d64.data<double>()[r * OC + o];
+    }
+    EXPECT_LT(relative_error(db1, want), 1e-5);
   }
-  EXPECT_LT(relative_error(db1, want), 1e-5);
 }
 
 TEST(CudaLinear, MixedDevicesAndFp64AreClearErrors) {

@@ -1,7 +1,8 @@
 // Fused softmax + cross-entropy + its gradient on the GPU, one block per row of logits [N, Vp].
 //
-// Pass 1: each thread keeps an online (max, sum of exp(x - max)) over its columns < V, the block
-// combines them (fixed tree), and the row loss is log(sum) - (x[target] - max). Pass 2 (with
+// Pass 1: each thread keeps an online (max, sum of exp(x - max)) over its columns < V (rescaled
+// once per 16-byte pack, by the pack's max), the block combines them (fixed tree), and the row
+// loss is log(sum) - (x[target] - max). Pass 2 (with
 // dlogits): each thread rewrites its columns with (softmax - onehot(target)) * dloss, and 0 for
 // the padding columns [V, Vp). Each thread reads a pack before writing the same pack, the target
 // logit is read before the block's first barrier, and no thread writes before that barrier, so
@@ -16,6 +17,13 @@ namespace ft::nn::cuda {
 namespace {
 
 constexpr int kThreads = 512;
+
+// exp(x) for x <= 0 as 2^(x log2 e): one multiply and one MUFU.EX2 (relative error ~2^-21 on
+// the arguments softmax gives it; expf's range reduction costs several instructions more, and
+// two exponentials per logit bound this kernel's instruction rate, not its memory traffic).
+__device__ __forceinline__ float fast_exp(float x) {
+  return __expf(x);
+}
 
 struct MaxSum {
   float max, sum;  // sum of exp(x - max)
@@ -56,23 +64,26 @@ __global__ void cross_entropy_kernel(float* losses, T* dlogits, const T* logits,
   MaxSum acc{-FLT_MAX, 0.0f};
   for (int64_t p = threadIdx.x; p * W < V; p += blockDim.x) {
     const Pack<T, W> xp = load_pack<T, W>(x + p * W);
+    const int n = static_cast<int>(V - p * W < W ? V - p * W : W);  // columns < V in the pack
+    float pack_max = -FLT_MAX;
 #pragma unroll
     for (int k = 0; k < W; ++k) {
-      if (p * W + k >= V) break;
-      const float v = to_f32(xp.v[k]);
-      if (v > acc.max) {
-        acc.sum = acc.sum * expf(acc.max - v) + 1.0f;
-        acc.max = v;
-      } else {
-        acc.sum += expf(v - acc.max);
-      }
+      if (k < n) pack_max = fmaxf(pack_max, to_f32(xp.v[k]));
+    }
+    if (pack_max > acc.max) {  // rescale once per pack, not per element
+      acc.sum *= fast_exp(acc.max - pack_max);
+      acc.max = pack_max;
+    }
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      if (k < n) acc.sum += fast_exp(to_f32(xp.v[k]) - acc.max);
     }
   }
   const MaxSum row_stats = block_max_sum(acc);
   if (threadIdx.x == 0) losses[row] = logf(row_stats.sum) - (target_logit - row_stats.max);
   if (dlogits == nullptr) return;
   T* d = dlogits + row * Vp;
-  const float inv_sum = 1.0f / row_stats.sum;
+  const float scale = dloss / row_stats.sum;
   for (int64_t p = threadIdx.x; p * W < Vp; p += blockDim.x) {
     Pack<T, W> xp{};
     if (p * W < V) xp = load_pack<T, W>(x + p * W);
@@ -82,7 +93,7 @@ __global__ void cross_entropy_kernel(float* losses, T* dlogits, const T* logits,
       const int64_t j = p * W + k;
       float g = 0.0f;
       if (j < V) {
-        g = expf(to_f32(xp.v[k]) - row_stats.max) * inv_sum * dloss;
+        g = fast_exp(to_f32(xp.v[k]) - row_stats.max) * scale;
         if (j == target) g -= dloss;
       }
       dp.v[k] = from_f32<T>(g);

@@ -6,7 +6,8 @@
 // Backward: dinp = dout @ w (beta = 0, written); dw += dout^T @ inp (beta = 1 straight into the
 // fp32 gradient: bf16 operands, fp32 accumulation and fp32 C, no bf16 rounding of dw).
 // db += column sums of dout: pass 1 gives each (256-row chunk, 32-column tile) block one fp32
-// partial sum per column, reading dout once, coalesced along the columns; pass 2 adds a
+// partial sum per column, reading dout once, coalesced along the columns (when the columns are
+// whole 16-byte packs, a pack per thread and 32 packs per tile); pass 2 adds a
 // column's partials in chunk order. The order of every addition is fixed by the shape alone,
 // so db is bitwise reproducible (no atomics). Traffic: N*OC*sizeof(T) read, chunks*OC*4 bytes
 // written and read back.
@@ -63,6 +64,38 @@ __global__ void column_partial_sums_kernel(float* partial, const T* dout, int64_
   }
 }
 
+// As column_partial_sums_kernel with a 16-byte pack (W columns) per thread: a warp reads 512
+// contiguous bytes of a row per load instead of 32 two-byte elements.
+template <class T, int W>
+__global__ void column_partial_sums_packed_kernel(float* partial, const T* dout, int64_t rows,
+                                                  int64_t cols, int64_t chunk_rows) {
+  __shared__ float lane_sums[kRowLanes][kTileCols * W + 1];
+  const int64_t col0 = (static_cast<int64_t>(blockIdx.x) * kTileCols + threadIdx.x) * W;
+  const int64_t row_begin = static_cast<int64_t>(blockIdx.y) * chunk_rows;
+  const int64_t row_end = std::min(rows, row_begin + chunk_rows);
+  float sum[W] = {};
+  if (col0 < cols) {
+#pragma unroll 4
+    for (int64_t r = row_begin + threadIdx.y; r < row_end; r += kRowLanes) {
+      const Pack<T, W> p = load_pack<T, W>(dout + r * cols + col0);
+#pragma unroll
+      for (int k = 0; k < W; ++k) sum[k] += to_f32(p.v[k]);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < W; ++k) lane_sums[threadIdx.y][threadIdx.x * W + k] = sum[k];
+  __syncthreads();
+  // The block's row lanes added in order, one column per thread.
+  const int flat = threadIdx.y * kTileCols + threadIdx.x;
+  for (int c = flat; c < kTileCols * W; c += kTileCols * kRowLanes) {
+    const int64_t col = static_cast<int64_t>(blockIdx.x) * kTileCols * W + c;
+    if (col >= cols) continue;
+    float total = 0.0f;
+    for (int y = 0; y < kRowLanes; ++y) total += lane_sums[y][c];
+    partial[static_cast<int64_t>(blockIdx.y) * cols + col] = total;
+  }
+}
+
 __global__ void add_partials_kernel(float* db, const float* partial, int64_t chunks, int64_t cols) {
   const int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (col >= cols) return;
@@ -77,10 +110,19 @@ void bias_grad(float* db, const T* dout, int64_t rows, int64_t cols) {
   const int64_t chunk_rows = std::max(kMinChunkRows, ceil_div(rows, kMaxChunks));
   const int64_t chunks = ceil_div(rows, chunk_rows);
   Tensor partial = Tensor::empty({chunks, cols}, DType::f32, Device::cuda);
-  const dim3 grid(static_cast<unsigned>(ceil_div(cols, kTileCols)), static_cast<unsigned>(chunks));
   const dim3 block(kTileCols, kRowLanes);
-  column_partial_sums_kernel<<<grid, block, 0, stream()>>>(partial.data<float>(), dout, rows, cols,
-                                                           chunk_rows);
+  if (can_use_packs<T>(cols, {dout})) {
+    constexpr int W = kPackWidth<T>;
+    const dim3 grid(static_cast<unsigned>(ceil_div(cols, kTileCols * W)),
+                    static_cast<unsigned>(chunks));
+    column_partial_sums_packed_kernel<T, W>
+        <<<grid, block, 0, stream()>>>(partial.data<float>(), dout, rows, cols, chunk_rows);
+  } else {
+    const dim3 grid(static_cast<unsigned>(ceil_div(cols, kTileCols)),
+                    static_cast<unsigned>(chunks));
+    column_partial_sums_kernel<<<grid, block, 0, stream()>>>(partial.data<float>(), dout, rows,
+                                                             cols, chunk_rows);
+  }
   FT_CUDA_CHECK_LAUNCH();
   constexpr int kThreads = 256;
   add_partials_kernel<<<static_cast<unsigned>(ceil_div(cols, kThreads)), kThreads, 0, stream()>>>(

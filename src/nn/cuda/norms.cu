@@ -12,6 +12,18 @@
 // order into dw/db. The chunking depends only on the number of rows.
 // Parameter gradients are formed before dx is written, so dx may alias dout.
 //
+// Rows held in registers (the fast path: rows of up to 32 * kMaxLanePacks packs of 16 bytes,
+// every pointer 16-byte aligned): the same fp32 operations in the same order as the streaming
+// kernels above, each rounded as written (norm_out, add_dnorm, norm_dx), so the same bits, but each
+// lane loads its packs of a row (pack lane + 32 k) all at once and keeps them, so that x (and a, b,
+// dout) come from DRAM once with every load in flight together, and no pass re-reads the row. The
+// backward also forms the parameter gradients in the same pass: each lane sums dout * norm and dout
+// of its columns over the rows of its warp (a fixed grid of at most kBackwardBlocks blocks, warps
+// taking rows in turn), the block adds its warps in order through shared memory, and stage 2 below
+// adds the blocks in order: deterministic, and x and dout are read once instead of twice. Traffic
+// of the fused backward per element: read dout, x (and dresidual), write dx: 3-4 accesses instead
+// of 5-6.
+//
 // Fused residual variants (one kernel each instead of two):
 // add_norm_forward: the first pass over the row reads a and b, writes x_out = a + b (rounded to
 // the compute dtype) and sums it; the statistics and output passes then re-read x_out, which
@@ -22,6 +34,8 @@
 // the same bits as the unfused norm backward + add). DRAM traffic per element: read dout, x,
 // dresidual; write dresidual = 4 instead of dx kernel (3) + add (3) = 6, no dx temporary, one
 // launch fewer. Parameter gradients are unchanged (same two-stage reduction).
+#include <type_traits>
+
 #include "nn/cuda/common.cuh"
 #include "nn/cuda/cuda_layers.h"
 
@@ -32,6 +46,31 @@ constexpr int kRowThreads = 256;  // 8 warps, one row each
 constexpr int kRowsPerBlock = kRowThreads / 32;
 constexpr int kMaxRowChunks = 128;  // stage-1 chunks for the parameter gradients
 constexpr int kColThreads = 256;
+
+// The per-element arithmetic of every kernel below, each operation rounded as written (no FMA
+// contraction): a compiler free to contract decides per kernel and instantiation, and the
+// streaming and register kernels, fused residual or not, must give the same bits.
+__device__ __forceinline__ float square_add(float acc, float d) {
+  return __fadd_rn(acc, __fmul_rn(d, d));
+}
+// (x - mean) * rstd * w
+__device__ __forceinline__ float norm_out(float x, float mu, float rs, float w) {
+  return __fmul_rn(__fmul_rn(__fsub_rn(x, mu), rs), w);
+}
+// The row sums of dnorm = dout * w and of dnorm * norm.
+__device__ __forceinline__ void add_dnorm(float& dnorm_sum, float& dnorm_norm_sum, float d, float w,
+                                          float x, float mu, float rs) {
+  const float dnorm = __fmul_rn(d, w);
+  dnorm_sum = __fadd_rn(dnorm_sum, dnorm);
+  dnorm_norm_sum = __fadd_rn(dnorm_norm_sum, __fmul_rn(__fmul_rn(dnorm, __fsub_rn(x, mu)), rs));
+}
+// dx = (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd
+__device__ __forceinline__ float norm_dx(float d, float w, float x, float mu, float rs,
+                                         float dnorm_mean, float dnorm_norm_mean) {
+  const float norm = __fmul_rn(__fsub_rn(x, mu), rs);
+  const float dnorm = __fmul_rn(d, w);
+  return __fmul_rn(__fsub_rn(__fsub_rn(dnorm, dnorm_mean), __fmul_rn(norm, dnorm_norm_mean)), rs);
+}
 
 // mean == nullptr: RMSNorm (no centring); bias == nullptr: no bias. res_a != nullptr: the
 // fused residual variant, x_out = res_a + res_b is written first and x must equal x_out.
@@ -71,8 +110,7 @@ __global__ void norm_forward_kernel(T* out, float* mean, float* rstd, const T* x
     const Pack<T, W> xp = load_pack<T, W>(xr + p * W);
 #pragma unroll
     for (int k = 0; k < W; ++k) {
-      const float d = to_f32(xp.v[k]) - mu;
-      sq += d * d;
+      sq = square_add(sq, to_f32(xp.v[k]) - mu);
     }
   }
   const float rs = 1.0f / sqrtf(warp_sum(sq) / static_cast<float>(C) + eps);
@@ -85,8 +123,8 @@ __global__ void norm_forward_kernel(T* out, float* mean, float* rstd, const T* x
     Pack<T, W> op;
 #pragma unroll
     for (int k = 0; k < W; ++k) {
-      const float y = (to_f32(xp.v[k]) - mu) * rs * to_f32(wp.v[k]);
-      op.v[k] = from_f32<T>(bias != nullptr ? y + to_f32(bp.v[k]) : y);
+      const float y = norm_out(to_f32(xp.v[k]), mu, rs, to_f32(wp.v[k]));
+      op.v[k] = from_f32<T>(bias != nullptr ? __fadd_rn(y, to_f32(bp.v[k])) : y);
     }
     store_pack<T, W>(o + p * W, op);
   }
@@ -114,9 +152,8 @@ __global__ void norm_dx_kernel(T* dx, const T* dout, const T* x, const T* w, con
     const Pack<T, W> wp = load_pack<T, W>(w + p * W);
 #pragma unroll
     for (int k = 0; k < W; ++k) {
-      const float dnorm = to_f32(dp.v[k]) * to_f32(wp.v[k]);
-      dnorm_sum += dnorm;
-      dnorm_norm_sum += dnorm * (to_f32(xp.v[k]) - mu) * rs;
+      add_dnorm(dnorm_sum, dnorm_norm_sum, to_f32(dp.v[k]), to_f32(wp.v[k]), to_f32(xp.v[k]), mu,
+                rs);
     }
   }
   // Both sums are complete in every lane before any lane writes: dx may alias dout.
@@ -130,9 +167,8 @@ __global__ void norm_dx_kernel(T* dx, const T* dout, const T* x, const T* w, con
     Pack<T, W> op;
 #pragma unroll
     for (int k = 0; k < W; ++k) {
-      const float norm = (to_f32(xp.v[k]) - mu) * rs;
-      const float dnorm = to_f32(dp.v[k]) * to_f32(wp.v[k]);
-      op.v[k] = from_f32<T>((dnorm - dnorm_mean - norm * dnorm_norm_mean) * rs);
+      op.v[k] = from_f32<T>(norm_dx(to_f32(dp.v[k]), to_f32(wp.v[k]), to_f32(xp.v[k]), mu, rs,
+                                    dnorm_mean, dnorm_norm_mean));
     }
     if constexpr (Accumulate) {
       const Pack<T, W> rp = load_pack<T, W>(o + p * W);
@@ -174,11 +210,215 @@ __global__ void norm_param_finish_kernel(float* dw, float* db, const float* part
   if (c >= C) return;
   float dw_sum = 0.0f, db_sum = 0.0f;
   for (int k = 0; k < n_chunks; ++k) {
-    dw_sum += partial[static_cast<int64_t>(k) * C + c];
-    db_sum += partial[static_cast<int64_t>(n_chunks + k) * C + c];
+    if (dw != nullptr) dw_sum += partial[static_cast<int64_t>(k) * C + c];
+    if (db != nullptr) db_sum += partial[static_cast<int64_t>(n_chunks + k) * C + c];
   }
   if (dw != nullptr) dw[c] += dw_sum;
   if (db != nullptr) db[c] += db_sum;
+}
+
+// ---- rows held in registers ----
+
+// Packs of a row per lane: 1024 bf16 or 512 fp32 columns. Eight (2048 bf16 columns, llama3-1b's
+// width) took 242-255 registers in the backward, one block per multiprocessor, and made
+// llama3-1b's norms slower (4.12 -> 4.57 ms a step, docs/PERF.md): those rows stream.
+constexpr int kMaxLanePacks = 4;
+constexpr int kBackwardBlocks = 256;  // fixed (a function of the row count only): deterministic
+
+// Lane `lane`'s packs of a row (pack lane + 32 k for k < K; those past the row are not loaded).
+template <class T, int W, int K>
+struct LanePacks {
+  Pack<T, W> v[K];
+
+  __device__ __forceinline__ void load(const T* row, int n_packs, int lane) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      if (lane + 32 * k < n_packs) v[k] = load_pack<T, W>(row + (lane + 32 * k) * W);
+    }
+  }
+};
+
+// As norm_forward_kernel, on the lane's packs in registers.
+template <class T, int W, int K>
+__global__ void __launch_bounds__(kRowThreads)
+    norm_forward_rows_kernel(T* out, float* mean, float* rstd, const T* x, T* x_out, const T* res_a,
+                             const T* res_b, const T* w, const T* bias, int64_t rows, int C,
+                             float eps) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const int n_packs = C / W;
+  auto live = [&](int k) { return lane + 32 * k < n_packs; };
+  LanePacks<T, W, K> xr;
+  float sum = 0.0f;
+  if (res_a != nullptr) {
+    LanePacks<T, W, K> a, b;
+    a.load(res_a + row * C, n_packs, lane);
+    b.load(res_b + row * C, n_packs, lane);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      if (!live(k)) continue;
+#pragma unroll
+      for (int i = 0; i < W; ++i) {
+        xr.v[k].v[i] = from_f32<T>(to_f32(a.v[k].v[i]) + to_f32(b.v[k].v[i]));
+        sum += to_f32(xr.v[k].v[i]);
+      }
+      store_pack<T, W>(x_out + row * C + (lane + 32 * k) * W, xr.v[k]);
+    }
+  } else {
+    xr.load(x + row * C, n_packs, lane);
+    if (mean != nullptr) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        if (!live(k)) continue;
+#pragma unroll
+        for (int i = 0; i < W; ++i) sum += to_f32(xr.v[k].v[i]);
+      }
+    }
+  }
+  const float mu = mean != nullptr ? warp_sum(sum) / static_cast<float>(C) : 0.0f;
+  float sq = 0.0f;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    if (!live(k)) continue;
+#pragma unroll
+    for (int i = 0; i < W; ++i) {
+      sq = square_add(sq, to_f32(xr.v[k].v[i]) - mu);
+    }
+  }
+  const float rs = 1.0f / sqrtf(warp_sum(sq) / static_cast<float>(C) + eps);
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    if (!live(k)) continue;
+    const int col = (lane + 32 * k) * W;
+    const Pack<T, W> wp = load_pack<T, W>(w + col);
+    Pack<T, W> bp{};
+    if (bias != nullptr) bp = load_pack<T, W>(bias + col);
+    Pack<T, W> op;
+#pragma unroll
+    for (int i = 0; i < W; ++i) {
+      const float y = norm_out(to_f32(xr.v[k].v[i]), mu, rs, to_f32(wp.v[i]));
+      op.v[i] = from_f32<T>(bias != nullptr ? __fadd_rn(y, to_f32(bp.v[i])) : y);
+    }
+    store_pack<T, W>(out + row * C + col, op);
+  }
+  if (lane == 0) {
+    if (mean != nullptr) mean[row] = mu;
+    rstd[row] = rs;
+  }
+}
+
+// dx as norm_dx_kernel (Accumulate: dx is the residual gradient), and, when partial is given,
+// this block's sums of dout * norm and dout per column into partial [2, gridDim.x, C] (dw part,
+// then db part when WithDb). Dynamic shared memory: kRowsPerBlock * C floats.
+template <class T, int W, int K, bool Accumulate, bool WithDb>
+__global__ void __launch_bounds__(kRowThreads)
+    norm_backward_rows_kernel(T* dx, float* partial, const T* dout, const T* x, const T* w,
+                              const float* mean, const float* rstd, int64_t rows, int C) {
+  extern __shared__ float warp_sums[];  // [kRowsPerBlock, C]
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int n_packs = C / W;
+  auto live = [&](int k) { return lane + 32 * k < n_packs; };
+  float dw_acc[K][W] = {}, db_acc[WithDb ? K : 1][W] = {};
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp; row < rows;
+       row += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
+    LanePacks<T, W, K> xr, dr;
+    xr.load(x + row * C, n_packs, lane);
+    dr.load(dout + row * C, n_packs, lane);
+    const float mu = mean != nullptr ? mean[row] : 0.0f, rs = rstd[row];
+    float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      if (!live(k)) continue;
+      const Pack<T, W> wp = load_pack<T, W>(w + (lane + 32 * k) * W);
+#pragma unroll
+      for (int i = 0; i < W; ++i) {
+        add_dnorm(dnorm_sum, dnorm_norm_sum, to_f32(dr.v[k].v[i]), to_f32(wp.v[i]),
+                  to_f32(xr.v[k].v[i]), mu, rs);
+      }
+    }
+    const float dnorm_mean = mean != nullptr ? warp_sum(dnorm_sum) / static_cast<float>(C) : 0.0f;
+    const float dnorm_norm_mean = warp_sum(dnorm_norm_sum) / static_cast<float>(C);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      if (!live(k)) continue;
+      const int col = (lane + 32 * k) * W;
+      const Pack<T, W> wp = load_pack<T, W>(w + col);
+      Pack<T, W> op;
+#pragma unroll
+      for (int i = 0; i < W; ++i) {
+        const float d = to_f32(dr.v[k].v[i]);
+        op.v[i] = from_f32<T>(
+            norm_dx(d, to_f32(wp.v[i]), to_f32(xr.v[k].v[i]), mu, rs, dnorm_mean, dnorm_norm_mean));
+        dw_acc[k][i] += d * (to_f32(xr.v[k].v[i]) - mu) * rs;
+        if constexpr (WithDb) db_acc[k][i] += d;
+      }
+      if constexpr (Accumulate) {
+        const Pack<T, W> rp = load_pack<T, W>(dx + row * C + col);
+#pragma unroll
+        for (int i = 0; i < W; ++i) {
+          op.v[i] = from_f32<T>(__fadd_rn(to_f32(rp.v[i]), to_f32(op.v[i])));
+        }
+      }
+      store_pack<T, W>(dx + row * C + col, op);
+    }
+  }
+  if (partial == nullptr) return;  // the same for the whole block
+  for (int part = 0; part < (WithDb ? 2 : 1); ++part) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      if (!live(k)) continue;
+#pragma unroll
+      for (int i = 0; i < W; ++i) {
+        warp_sums[warp * C + (lane + 32 * k) * W + i] =
+            part == 0 || !WithDb ? dw_acc[k][i] : db_acc[WithDb ? k : 0][i];
+      }
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+      float total = 0.0f;
+      for (int w8 = 0; w8 < kRowsPerBlock; ++w8) total += warp_sums[w8 * C + c];
+      partial[(static_cast<int64_t>(part) * gridDim.x + blockIdx.x) * C + c] = total;
+    }
+    __syncthreads();
+  }
+}
+
+// Packs per lane for a row of C elements on the register path, or 0 when it does not apply.
+template <class T>
+int lane_packs(int C, std::initializer_list<const void*> ptrs) {
+  if (!can_use_packs<T>(C, ptrs)) return 0;
+  const int n = static_cast<int>(ceil_div(C / kPackWidth<T>, 32));
+  for (int k : {1, 2, 3, 4}) {
+    if (n <= k) return k;
+  }
+  return 0;
+}
+
+// Calls f(std::integral_constant<int, K>{}) for the lane_packs() value k (one of 1..4).
+template <class F>
+void with_lane_packs(int k, F&& f) {
+  switch (k) {
+    case 1:
+      return f(std::integral_constant<int, 1>{});
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    case 3:
+      return f(std::integral_constant<int, 3>{});
+    default:
+      return f(std::integral_constant<int, kMaxLanePacks>{});
+  }
+}
+
+// Shared memory a block of the register backward needs, and whether the device gives it.
+bool backward_rows_fit(int C) {
+  static const int optin = [] {
+    int device = 0, bytes = 0;
+    FT_CUDA_CHECK(cudaGetDevice(&device));
+    FT_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    return bytes;
+  }();
+  return static_cast<int64_t>(kRowsPerBlock) * C * 4 <= optin;
 }
 
 int64_t rows_of(const Tensor& x) {
@@ -192,7 +432,13 @@ void launch_norm_forward(T* out, float* mean, float* rstd, const T* x, T* x_out,
                          double eps) {
   const auto blocks = static_cast<unsigned>(ceil_div(rows, kRowsPerBlock));
   const auto e = static_cast<float>(eps);
-  if (can_use_packs<T>(C, {out, x, x_out, res_a, res_b, w, bias})) {
+  if (const int k = lane_packs<T>(C, {out, x, x_out, res_a, res_b, w, bias}); k > 0) {
+    with_lane_packs(k, [&](auto K) {
+      norm_forward_rows_kernel<T, kPackWidth<T>, decltype(K)::value>
+          <<<blocks, kRowThreads, 0, stream()>>>(out, mean, rstd, x, x_out, res_a, res_b, w, bias,
+                                                 rows, C, e);
+    });
+  } else if (can_use_packs<T>(C, {out, x, x_out, res_a, res_b, w, bias})) {
     norm_forward_kernel<T, kPackWidth<T>><<<blocks, kRowThreads, 0, stream()>>>(
         out, mean, rstd, x, x_out, res_a, res_b, w, bias, rows, C, e);
   } else {
@@ -230,6 +476,44 @@ void norm_backward(Tensor& dx, Tensor& dw, Tensor* db, const Tensor& dout, const
     const float* rs = ptr<float>(rstd);
     float* dw_p = ptr_or_null<float>(dw);
     float* db_p = db != nullptr ? ptr_or_null<float>(*db) : nullptr;
+    T* dx_p = ptr_or_null<T>(dx);
+    const int k = dx_p != nullptr && backward_rows_fit(C)
+                      ? lane_packs<T>(C, {dx_p, ptr<T>(dout), ptr<T>(x), ptr<T>(w)})
+                      : 0;
+    if (k > 0) {
+      const bool params = dw_p != nullptr || db_p != nullptr;
+      const auto blocks =
+          static_cast<int>(std::min<int64_t>(ceil_div(rows, kRowsPerBlock), kBackwardBlocks));
+      Tensor partial;
+      if (params) partial = Tensor::empty({2, blocks, C}, DType::f32, Device::cuda);
+      const size_t smem = params ? sizeof(float) * kRowsPerBlock * C : 0;
+      with_lane_packs(k, [&](auto K) {
+        auto launch = [&](auto kernel) {
+          if (smem > 48 * 1024) {
+            FT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(smem)));
+          }
+          kernel<<<blocks, kRowThreads, smem, stream()>>>(dx_p, ptr_or_null<float>(partial),
+                                                          ptr<T>(dout), ptr<T>(x), ptr<T>(w), mu,
+                                                          rs, rows, C);
+          FT_CUDA_CHECK_LAUNCH();
+        };
+        constexpr int k_packs = decltype(K)::value, w_pack = kPackWidth<T>;
+        if (accumulate) {
+          db_p != nullptr ? launch(norm_backward_rows_kernel<T, w_pack, k_packs, true, true>)
+                          : launch(norm_backward_rows_kernel<T, w_pack, k_packs, true, false>);
+        } else {
+          db_p != nullptr ? launch(norm_backward_rows_kernel<T, w_pack, k_packs, false, true>)
+                          : launch(norm_backward_rows_kernel<T, w_pack, k_packs, false, false>);
+        }
+      });
+      if (params) {
+        norm_param_finish_kernel<<<static_cast<unsigned>(ceil_div(C, kColThreads)), kColThreads, 0,
+                                   stream()>>>(dw_p, db_p, ptr<float>(partial), C, blocks);
+        FT_CUDA_CHECK_LAUNCH();
+      }
+      return;
+    }
     if (dw_p != nullptr || db_p != nullptr) {
       const int n_chunks = static_cast<int>(std::min<int64_t>(rows, kMaxRowChunks));
       const int64_t rows_per_chunk = ceil_div(rows, n_chunks);

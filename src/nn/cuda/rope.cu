@@ -1,9 +1,11 @@
 // Rotary position embedding on the GPU, x [B, T, H, D] with interleaved pairs (x[2i], x[2i+1]).
-// One thread per pair: out = (c x0 - s x1, s x0 + c x1) with (c, s) the table's angle for
-// (t, i), s negated for the backward (inverse) rotation. The table lives on the GPU as fp32
-// [maxT, D/2] copies of the fp64 CPU table: exactly the values the CPU kernel rounds to.
-// Memory bound: each element read and written once, the table (maxT * D * 4 bytes) from L2.
-// Each thread reads its pair before writing it, so out may alias x.
+// out = (c x0 - s x1, s x0 + c x1) with (c, s) the table's angle for (t, i), s negated for the
+// backward (inverse) rotation. The table lives on the GPU as fp32 [maxT, D/2] copies of the
+// fp64 CPU table: exactly the values the CPU kernel rounds to. Memory bound: each element read
+// and written once, the table (maxT * D * 4 bytes) from L1/L2. Head dims that are whole 16-byte
+// packs: one block per position, each thread a pack (W / 2 pairs) of its rotated heads, so the
+// index arithmetic is one division per block; otherwise one thread per pair. Each thread reads
+// its pack or pair before writing it, so out may alias x.
 #include <vector>
 
 #include "nn/cuda/common.cuh"
@@ -30,6 +32,31 @@ __global__ void rope_kernel(T* out, const T* x, const float* cos_tab, const floa
   }
 }
 
+// Block bt = b * T + t rotates the first `rotated_packs` packs of its position's H * D / W.
+template <class T, int W>
+__global__ void rope_pack_kernel(T* out, const T* x, const float* cos_tab, const float* sin_tab,
+                                 int T_len, int row_packs, int rotated_packs, int head_packs,
+                                 int half, float direction) {
+  const int64_t bt = blockIdx.x;
+  const int t = static_cast<int>(bt % T_len);
+  const float* cos_row = cos_tab + static_cast<int64_t>(t) * half;
+  const float* sin_row = sin_tab + static_cast<int64_t>(t) * half;
+  const int64_t row = bt * row_packs * W;
+  for (int p = threadIdx.x; p < rotated_packs; p += blockDim.x) {
+    const int i0 = (p % head_packs) * (W / 2);  // the pack's first pair within its head
+    const Pack<T, W> xp = load_pack<T, W>(x + row + static_cast<int64_t>(p) * W);
+    Pack<T, W> op;
+#pragma unroll
+    for (int j = 0; j < W / 2; ++j) {
+      const float c = cos_row[i0 + j], s = direction * sin_row[i0 + j];
+      const float x0 = to_f32(xp.v[2 * j]), x1 = to_f32(xp.v[2 * j + 1]);
+      op.v[2 * j] = from_f32<T>(c * x0 - s * x1);
+      op.v[2 * j + 1] = from_f32<T>(s * x0 + c * x1);
+    }
+    store_pack<T, W>(out + row + static_cast<int64_t>(p) * W, op);
+  }
+}
+
 Tensor upload_f32(const Tensor& table64) {
   const double* src = table64.data<double>();
   std::vector<float> host(static_cast<size_t>(table64.numel()));
@@ -53,6 +80,20 @@ void rope_rotate(Tensor& out, const Tensor& x, const RopeTable& table, int64_t r
   if (n_pairs == 0) return;
   dispatch_cuda_float(x.dtype(), direction > 0 ? "rope_forward" : "rope_backward", [&](auto tag) {
     using T = decltype(tag);
+    constexpr int W = kPackWidth<T>;
+    const int64_t B = x.dim(0), T_len = x.dim(1), H = x.dim(2), D = x.dim(3);
+    if (can_use_packs<T>(D, {out.raw(), x.raw()}) && B * T_len < (int64_t{1} << 31)) {
+      const int head_packs = static_cast<int>(D / W);
+      const int rotated_packs = static_cast<int>(rotated) * head_packs;
+      const int threads =
+          static_cast<int>(std::min<int64_t>(128, ceil_div(rotated_packs, 32) * 32));
+      rope_pack_kernel<T, W><<<static_cast<unsigned>(B * T_len), threads, 0, stream()>>>(
+          ptr<T>(out), ptr<T>(x), ptr<float>(table.cos_device), ptr<float>(table.sin_device),
+          static_cast<int>(T_len), static_cast<int>(H) * head_packs, rotated_packs, head_packs,
+          static_cast<int>(D / 2), static_cast<float>(direction));
+      FT_CUDA_CHECK_LAUNCH();
+      return;
+    }
     constexpr int kThreads = 256;
     rope_kernel<T><<<grid_for(n_pairs, kThreads), kThreads, 0, stream()>>>(
         ptr<T>(out), ptr<T>(x), ptr<float>(table.cos_device), ptr<float>(table.sin_device), n_pairs,
