@@ -338,7 +338,7 @@ TEST(CudaAdamW, GlobalGradNormMatchesCpuAndIsDeterministic) {
   SKIP_WITHOUT_GPU();
   const std::vector<Tensor> grads = {rnd({1}, 30, DType::f32), rnd({777, 3}, 31, DType::f32),
                                      rnd({100000}, 32, DType::f32, 0.01),
-                                     rnd({4097}, 33, DType::bf16)};
+                                     rnd({4097}, 33, DType::bf16), rnd({200000}, 34, DType::bf16)};
   std::vector<Tensor> on_gpu;
   for (const Tensor& g : grads) on_gpu.push_back(gpu(g));
   const double want = global_grad_norm(grads), got = global_grad_norm(on_gpu);

@@ -14,10 +14,12 @@
 // 2-byte write) and two launches per tensor (~150 tensors in GPT-2 124M: ~300 launches become
 // 1). Bit-identical to adamw_update + copy_from for every finite value (a NaN weight stays NaN,
 // possibly with another payload).
-// global_grad_norm, deterministic two-stage reduction in fp64: stage 1 gives every tensor a
-// fixed number of blocks (kPartialsPerTensor) that grid-stride over it and write one partial sum
-// of squares each; stage 2 is one block adding all partials in a fixed order and tree. The
-// result depends only on the tensors, never on timing. Traffic: each gradient read once.
+// global_grad_norm, deterministic two-stage reduction in fp64: stage 1 gives every chunk of
+// kNormChunk elements of every tensor a block (16-byte packs when the tensor's pointer and size
+// allow), which writes one partial sum of squares; stage 2 is one block adding all partials in
+// a fixed order and tree. The partition depends only on the tensors' sizes, so the result never
+// depends on timing. Traffic: each gradient read once. (Before: 64 blocks per tensor with 4-byte
+// loads, so the largest tensors, the embeddings, had a few SMs to themselves.)
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -30,7 +32,7 @@ namespace {
 
 constexpr int kAdamThreads = 256;
 constexpr int kNormThreads = 256;
-constexpr int kPartialsPerTensor = 64;
+constexpr int64_t kNormChunk = 65536;  // elements per block of the sum of squares
 constexpr int kFinishThreads = 1024;
 
 // One element of AdamW, PyTorch's order; every operation rounds (no FMA contraction).
@@ -123,23 +125,44 @@ __global__ void adamw_all_kernel(const AdamSlot* slots, const AdamChunk* chunks,
 struct GradSlot {
   const void* data;
   int64_t n;
-  int is_bf16;
+  int32_t is_bf16;
+  int32_t packed;  // 16-byte aligned and n a whole number of packs
 };
 
-// Block (b, t): partial[t * gridDim.x + b] = sum of squares of its share of tensor t.
-__global__ void sum_squares_kernel(double* partial, const GradSlot* slots) {
-  const GradSlot slot = slots[blockIdx.y];
+template <class T>
+__device__ __forceinline__ double squares(const T* x, int64_t begin, int64_t end, bool packed) {
   double s = 0.0;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < slot.n;
-       i += stride) {
-    const double g = slot.is_bf16
-                         ? static_cast<double>(to_f32(static_cast<const bf16_t*>(slot.data)[i]))
-                         : static_cast<double>(static_cast<const float*>(slot.data)[i]);
-    s += g * g;
+  constexpr int W = kPackWidth<T>;
+  if (packed) {
+    for (int64_t i = begin + static_cast<int64_t>(threadIdx.x) * W; i < end;
+         i += static_cast<int64_t>(blockDim.x) * W) {
+      const Pack<T, W> p = load_pack<T, W>(x + i);
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        const double g = to_f32(p.v[k]);
+        s += g * g;
+      }
+    }
+  } else {
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+      const double g = to_f32(x[i]);
+      s += g * g;
+    }
   }
+  return s;
+}
+
+// Block b: partial[b] = sum of squares of chunk b of the list.
+__global__ void sum_squares_kernel(double* partial, const GradSlot* slots,
+                                   const AdamChunk* chunks) {
+  const AdamChunk c = chunks[blockIdx.x];
+  const GradSlot slot = slots[c.slot];
+  const int64_t end = c.begin + kNormChunk < slot.n ? c.begin + kNormChunk : slot.n;
+  double s = slot.is_bf16
+                 ? squares(static_cast<const bf16_t*>(slot.data), c.begin, end, slot.packed != 0)
+                 : squares(static_cast<const float*>(slot.data), c.begin, end, slot.packed != 0);
   s = block_sum(s);
-  if (threadIdx.x == 0) partial[static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x] = s;
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
 __global__ void sum_partials_kernel(double* total, const double* partial, int64_t n) {
@@ -226,26 +249,41 @@ double global_grad_norm(const std::vector<Tensor>& grads) {
     const Tensor& g = grads[i];
     FT_CHECK(g.dtype() == DType::f32 || g.dtype() == DType::bf16, "global_grad_norm: gradient ", i,
              " is ", dtype_name(g.dtype()), ", expected fp32 or bf16 on CUDA");
-    if (g.numel() > 0) slots.push_back({g.raw(), g.numel(), g.dtype() == DType::bf16 ? 1 : 0});
+    if (g.numel() == 0) continue;
+    const bool bf16 = g.dtype() == DType::bf16;
+    const bool packed = bf16 ? can_use_packs<bf16_t>(g.numel(), {g.raw()})
+                             : can_use_packs<float>(g.numel(), {g.raw()});
+    slots.push_back({g.raw(), g.numel(), bf16 ? 1 : 0, packed ? 1 : 0});
   }
   if (slots.empty()) return 0.0;
-  FT_CHECK(slots.size() < 65536, "global_grad_norm: ", slots.size(),
-           " tensors exceed one launch (65535)");
-  const auto n_slots = static_cast<int64_t>(slots.size());
-  static_assert(sizeof(GradSlot) % 4 == 0);
-  Tensor slot_buf = Tensor::empty({n_slots * static_cast<int64_t>(sizeof(GradSlot) / 4)},
-                                  DType::i32, Device::cuda);  // raw bytes, counted in int32s
-  FT_CUDA_CHECK(cudaMemcpyAsync(slot_buf.raw(), slots.data(), slots.size() * sizeof(GradSlot),
-                                cudaMemcpyHostToDevice, stream()));
-  Tensor partial = Tensor::empty({n_slots * kPartialsPerTensor + 1}, DType::f64, Device::cuda);
+  std::vector<AdamChunk> chunks;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    for (int64_t begin = 0; begin < slots[i].n; begin += kNormChunk) {
+      chunks.push_back({static_cast<int64_t>(i), begin});
+    }
+  }
+  FT_CHECK(chunks.size() < (size_t{1} << 31), "global_grad_norm: ", chunks.size(),
+           " chunks exceed one launch");
+  // One upload: the slot table, then the chunk list (both 8-byte aligned).
+  static_assert(sizeof(GradSlot) % 8 == 0 && sizeof(AdamChunk) % 8 == 0);
+  const size_t slot_bytes = slots.size() * sizeof(GradSlot);
+  const size_t chunk_bytes = chunks.size() * sizeof(AdamChunk);
+  std::vector<char> table(slot_bytes + chunk_bytes);
+  std::memcpy(table.data(), slots.data(), slot_bytes);
+  std::memcpy(table.data() + slot_bytes, chunks.data(), chunk_bytes);
+  Tensor buf = Tensor::empty({static_cast<int64_t>(table.size() / 4)}, DType::i32,
+                             Device::cuda);  // raw bytes, counted in int32s
+  FT_CUDA_CHECK(
+      cudaMemcpyAsync(buf.raw(), table.data(), table.size(), cudaMemcpyHostToDevice, stream()));
+  const auto n_chunks = static_cast<int64_t>(chunks.size());
+  Tensor partial = Tensor::empty({n_chunks + 1}, DType::f64, Device::cuda);
   double* partial_p = ptr<double>(partial);
-  const dim3 grid(kPartialsPerTensor, static_cast<unsigned>(n_slots));
-  sum_squares_kernel<<<grid, kNormThreads, 0, stream()>>>(
-      partial_p, static_cast<const GradSlot*>(slot_buf.raw()));
+  sum_squares_kernel<<<static_cast<unsigned>(n_chunks), kNormThreads, 0, stream()>>>(
+      partial_p, static_cast<const GradSlot*>(buf.raw()),
+      reinterpret_cast<const AdamChunk*>(static_cast<const char*>(buf.raw()) + slot_bytes));
   FT_CUDA_CHECK_LAUNCH();
-  double* total_p = partial_p + n_slots * kPartialsPerTensor;
-  sum_partials_kernel<<<1, kFinishThreads, 0, stream()>>>(total_p, partial_p,
-                                                          n_slots * kPartialsPerTensor);
+  double* total_p = partial_p + n_chunks;
+  sum_partials_kernel<<<1, kFinishThreads, 0, stream()>>>(total_p, partial_p, n_chunks);
   FT_CUDA_CHECK_LAUNCH();
   double total = 0.0;
   FT_CUDA_CHECK(cudaMemcpyAsync(&total, total_p, sizeof total, cudaMemcpyDeviceToHost, stream()));
