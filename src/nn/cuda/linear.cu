@@ -7,10 +7,10 @@
 // fp32 gradient: bf16 operands, fp32 accumulation and fp32 C, no bf16 rounding of dw).
 // db += column sums of dout: pass 1 gives each (256-row chunk, 32-column tile) block one fp32
 // partial sum per column, reading dout once, coalesced along the columns (when the columns are
-// whole 16-byte packs, a pack per thread and 32 packs per tile); pass 2 adds a
-// column's partials in chunk order. The order of every addition is fixed by the shape alone,
-// so db is bitwise reproducible (no atomics). Traffic: N*OC*sizeof(T) read, chunks*OC*4 bytes
-// written and read back.
+// whole 16-byte packs, a pack per thread and 32 packs per tile); pass 2 adds a column's
+// partials in a fixed order (add_column_partials, common.cuh). The order of every addition is
+// fixed by the shape alone, so db is bitwise reproducible (no atomics). Traffic: N*OC*sizeof(T)
+// read, chunks*OC*4 bytes written and read back.
 // FLOPs: 2*N*IC*OC forward, twice that backward.
 //
 // linear_gelu_forward: the same GEMM with cuBLASLt's GELU_AUX_BIAS epilogue, which writes the
@@ -96,14 +96,6 @@ __global__ void column_partial_sums_packed_kernel(float* partial, const T* dout,
   }
 }
 
-__global__ void add_partials_kernel(float* db, const float* partial, int64_t chunks, int64_t cols) {
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (col >= cols) return;
-  float total = 0.0f;
-  for (int64_t c = 0; c < chunks; ++c) total += partial[c * cols + col];
-  db[col] += total;
-}
-
 template <class T>
 void bias_grad(float* db, const T* dout, int64_t rows, int64_t cols) {
   if (rows == 0 || cols == 0) return;
@@ -124,10 +116,7 @@ void bias_grad(float* db, const T* dout, int64_t rows, int64_t cols) {
                                                              cols, chunk_rows);
   }
   FT_CUDA_CHECK_LAUNCH();
-  constexpr int kThreads = 256;
-  add_partials_kernel<<<static_cast<unsigned>(ceil_div(cols, kThreads)), kThreads, 0, stream()>>>(
-      db, partial.data<float>(), chunks, cols);
-  FT_CUDA_CHECK_LAUNCH();
+  add_column_partials(db, partial.data<float>(), chunks, cols);
 }
 
 // A row-major product with K >= 1 leading dimensions (cuBLASLt rejects ld 0 even when the

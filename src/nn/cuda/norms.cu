@@ -203,18 +203,11 @@ __global__ void norm_param_partial_kernel(float* partial, const T* dout, const T
   partial[static_cast<int64_t>(n_chunks + chunk) * C + c] = db;
 }
 
-// Stage 2: dw[c] += sum over chunks (in order) of the partials; same for db.
-__global__ void norm_param_finish_kernel(float* dw, float* db, const float* partial, int C,
-                                         int n_chunks) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  float dw_sum = 0.0f, db_sum = 0.0f;
-  for (int k = 0; k < n_chunks; ++k) {
-    if (dw != nullptr) dw_sum += partial[static_cast<int64_t>(k) * C + c];
-    if (db != nullptr) db_sum += partial[static_cast<int64_t>(n_chunks + k) * C + c];
-  }
-  if (dw != nullptr) dw[c] += dw_sum;
-  if (db != nullptr) db[c] += db_sum;
+// Stage 2: dw[c] += the sum over chunks of the dw partials, db[c] the same with the db part
+// (add_column_partials in common.cuh: a fixed order).
+void finish_param_grads(float* dw, float* db, const float* partial, int C, int n_chunks) {
+  add_column_partials(dw, partial, n_chunks, C);
+  add_column_partials(db, partial + static_cast<int64_t>(n_chunks) * C, n_chunks, C);
 }
 
 // ---- rows held in registers ----
@@ -508,9 +501,7 @@ void norm_backward(Tensor& dx, Tensor& dw, Tensor* db, const Tensor& dout, const
         }
       });
       if (params) {
-        norm_param_finish_kernel<<<static_cast<unsigned>(ceil_div(C, kColThreads)), kColThreads, 0,
-                                   stream()>>>(dw_p, db_p, ptr<float>(partial), C, blocks);
-        FT_CUDA_CHECK_LAUNCH();
+        finish_param_grads(dw_p, db_p, ptr<float>(partial), C, blocks);
       }
       return;
     }
@@ -523,9 +514,7 @@ void norm_backward(Tensor& dx, Tensor& dw, Tensor* db, const Tensor& dout, const
       norm_param_partial_kernel<T><<<grid, kColThreads, 0, stream()>>>(
           ptr<float>(partial), ptr<T>(dout), ptr<T>(x), mu, rs, rows, rows_per_chunk, C, n_chunks);
       FT_CUDA_CHECK_LAUNCH();
-      norm_param_finish_kernel<<<static_cast<unsigned>(ceil_div(C, kColThreads)), kColThreads, 0,
-                                 stream()>>>(dw_p, db_p, ptr<float>(partial), C, n_chunks);
-      FT_CUDA_CHECK_LAUNCH();
+      finish_param_grads(dw_p, db_p, ptr<float>(partial), C, n_chunks);
     }
     if (dx.defined()) {
       if (accumulate) {
