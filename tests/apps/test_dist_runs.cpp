@@ -115,10 +115,11 @@ TEST(DistTrain, TwoRanksMatchOneProcess) {
           model.c_str(), zero.c_str(), train_diff, val_diff);
       // Two ranks add their gradients in another order than one process does, and 20 fp32
       // AdamW steps carry that difference on. How far depends on the OpenBLAS kernel set
-      // (OPENBLAS_CORETYPE), most for llama3-tiny (RMSNorm, SwiGLU, RoPE): 1.4e-6 with Haswell
-      // and Zen, 1.1e-5 with SkylakeX, 2.0e-5 with Sandybridge; gpt2-tiny stays under 2.1e-7
-      // with all four.
-      const double bound = model == "llama3-tiny" ? 5e-5 : 1e-5;
+      // (OPENBLAS_CORETYPE), most for llama3-tiny (RMSNorm, SwiGLU, RoPE), train / validation:
+      // 1.4e-6 / 7.4e-7 with Haswell and Zen, 1.1e-5 / 1.3e-5 with SkylakeX, 2.0e-5 / 1.4e-5
+      // with Sandybridge, 3.9e-5 / 9.0e-5 with Cooperlake (what OpenBLAS picks on an AMD EPYC
+      // with AVX-512 BF16); gpt2-tiny stays under 2.1e-7 with all of them.
+      const double bound = model == "llama3-tiny" ? 2e-4 : 1e-5;
       EXPECT_LT(train_diff, bound) << model << " --zero " << zero;
       EXPECT_LT(val_diff, bound) << model << " --zero " << zero;
       // The JSON step line carries each rank's figures; the text line the job's.
