@@ -588,10 +588,15 @@ void Transformer::classify(std::optional<double> dloss) {
 }
 
 double Transformer::mean_loss() const {
-  const Tensor l64 = losses_.to(Device::cpu).to(DType::f64);
+  return mean_loss_of(losses_);
+}
+
+double Transformer::mean_loss_of(const Tensor& losses) {
+  FT_CHECK(losses.defined() && losses.numel() > 0, "mean_loss_of: no losses (no forward yet)");
+  const Tensor l64 = losses.to(Device::cpu).to(DType::f64);
   double sum = 0.0;
   for (int64_t i = 0; i < l64.numel(); ++i) sum += l64.data<double>()[i];
-  return sum / static_cast<double>(B_ * T_);
+  return sum / static_cast<double>(l64.numel());
 }
 
 void Transformer::check_targets(const Tensor& tokens, const Tensor& targets) const {
@@ -613,13 +618,18 @@ double Transformer::forward(const Tensor& tokens, const Tensor& targets,
 
 double Transformer::forward_train(const Tensor& tokens, const Tensor& targets, double loss_scale,
                                   const Tensor& segment_ids) {
+  return mean_loss_of(forward_train_deferred(tokens, targets, loss_scale, segment_ids));
+}
+
+Tensor Transformer::forward_train_deferred(const Tensor& tokens, const Tensor& targets,
+                                           double loss_scale, const Tensor& segment_ids) {
   check_targets(tokens, targets);
   run_forward(tokens, segment_ids);
   targets_ = targets;
   classify(loss_scale / static_cast<double>(B_ * T_));
   head_loss_scale_ = loss_scale;
   have_targets_ = true;
-  return mean_loss();
+  return losses_;  // classify() allocates a new one per forward: the caller's stays valid
 }
 
 void Transformer::layer_backward(int64_t l, Tensor& dresidual) {

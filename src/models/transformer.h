@@ -138,6 +138,14 @@ class Transformer {
   // the same loss_scale.
   double forward_train(const Tensor& tokens, const Tensor& targets, double loss_scale,
                        const Tensor& segment_ids = {});
+  // forward_train() without reading the loss back: returns the micro-batch's per-position losses
+  // (fp32, [B * T], on the model's device) for mean_loss_of() to read later, so that a step of
+  // several micro-batches waits for the device once, at its end, not after every forward.
+  Tensor forward_train_deferred(const Tensor& tokens, const Tensor& targets, double loss_scale,
+                                const Tensor& segment_ids = {});
+  // The mean of per-position losses (forward_train_deferred's), summed in fp64 in order on the
+  // host: what forward() and forward_train() return, bit for bit.
+  static double mean_loss_of(const Tensor& losses);
   // Forward without targets; afterwards logits() holds [B * T, padded_vocab] in compute dtype.
   void forward_logits(const Tensor& tokens, const Tensor& segment_ids = {});
   const Tensor& logits() const { return logits_; }

@@ -518,7 +518,8 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
       models::ProfileRegion region(profile.get(), models::OpFamily::zero_grad,
                                    static_cast<double>(model.flat_grads().nbytes()));
       model.zero_grad();
-      std::vector<double> losses(static_cast<size_t>(rank_accum));
+      // Each micro-batch's losses stay on the device until the step's end: one wait per step.
+      std::vector<Tensor> pending(static_cast<size_t>(rank_accum));
       for (int64_t micro = 0; micro < rank_accum; ++micro) {
         region.enter(models::OpFamily::data,
                      2.0 * static_cast<double>(c.batch_size * c.seq_len * sizeof(int32_t)));
@@ -529,13 +530,21 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
         region.leave();
         // Segment ids go in on the CPU; the model copies them to its device once per forward.
         const double loss_scale = 1.0 / static_cast<double>(accum);
-        losses[static_cast<size_t>(micro)] = model.forward_train(x, y, loss_scale, segments);
+        pending[static_cast<size_t>(micro)] =
+            model.forward_train_deferred(x, y, loss_scale, segments);
         // The last backward queues each gradient bucket as soon as it is complete.
         const bool last = micro + 1 == rank_accum;
         model.backward(loss_scale, last ? dp.gradient_ready() : models::GradientReady());
       }
       const double lr = schedule.lr(step);
       const double norm = dp.step(step, lr).grad_norm;
+      region.enter(models::OpFamily::classifier_loss,
+                   static_cast<double>(rank_accum * c.batch_size * c.seq_len * sizeof(float)));
+      std::vector<double> losses(pending.size());
+      for (size_t i = 0; i < pending.size(); ++i) {
+        losses[i] = models::Transformer::mean_loss_of(pending[i]);
+      }
+      region.leave();
       if (profile) profile->end_step();
       synchronize(c.device);  // the step's time includes its device work
       const double rank_ms = elapsed_ms(t0);
