@@ -264,7 +264,9 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CudaLayers,
                                            Case{DType::bf16, 96}, Case{DType::bf16, 50}),
                          name_with("_C"));
 
-// Vp = 1024 takes the pack path, Vp = 1003 the element-wise one; V < Vp leaves padding.
+// Vp = 1024 and GPT-2's 50304 (bf16) take the pack path with the row kept in shared memory
+// between the passes, rows over 110 KiB (bf16 60000, fp32 30000) the pack path that reads the row
+// twice, Vp = 1003 the element-wise one; V < Vp leaves padding.
 class CudaClassifier : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CudaClassifier, MatchesCpu) {
@@ -307,7 +309,9 @@ TEST_P(CudaClassifier, MatchesCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaClassifier,
                          ::testing::Values(Case{DType::f32, 1024}, Case{DType::f32, 1003},
-                                           Case{DType::bf16, 1024}, Case{DType::bf16, 1003}),
+                                           Case{DType::f32, 30000}, Case{DType::bf16, 1024},
+                                           Case{DType::bf16, 1003}, Case{DType::bf16, 50304},
+                                           Case{DType::bf16, 60000}),
                          name_with("_Vp"));
 
 // The CUDA update runs the CPU's fp32 operations in the CPU's order with the CPU's scalars and
