@@ -81,9 +81,47 @@ struct AdamSlot {
   int32_t unused;
 };
 
+// Block b of a multi-tensor launch works on chunk b: elements [begin, begin + chunk size) of
+// tensor `slot` (AdamW's and the gradient norm's).
 struct AdamChunk {
   int64_t slot, begin;
 };
+
+// A per-tensor table and its chunk list on the device, uploaded in one copy (slots first).
+template <class Slot>
+struct DeviceTable {
+  Tensor buf;  // raw bytes, counted in int32s
+  const Slot* slots;
+  const AdamChunk* chunks;
+};
+
+// The chunks of `chunk` elements of every slot (a slot has its element count in `n`), checked to
+// fit one launch, and the slots and the chunk list uploaded together; n_chunks: how many.
+template <class Slot>
+DeviceTable<Slot> upload_table(const std::vector<Slot>& slots, int64_t chunk, const char* fn,
+                               int64_t& n_chunks) {
+  std::vector<AdamChunk> chunks;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    for (int64_t begin = 0; begin < slots[i].n; begin += chunk) {
+      chunks.push_back({static_cast<int64_t>(i), begin});
+    }
+  }
+  FT_CHECK(chunks.size() < (size_t{1} << 31), fn, ": ", chunks.size(), " chunks exceed one launch");
+  static_assert(sizeof(Slot) % 8 == 0 && sizeof(AdamChunk) % 8 == 0);  // both 8-byte aligned
+  const size_t slot_bytes = slots.size() * sizeof(Slot);
+  const size_t chunk_bytes = chunks.size() * sizeof(AdamChunk);
+  std::vector<char> table(slot_bytes + chunk_bytes);
+  std::memcpy(table.data(), slots.data(), slot_bytes);
+  std::memcpy(table.data() + slot_bytes, chunks.data(), chunk_bytes);
+  DeviceTable<Slot> t;
+  t.buf = Tensor::empty({static_cast<int64_t>(table.size() / 4)}, DType::i32, Device::cuda);
+  FT_CUDA_CHECK(
+      cudaMemcpyAsync(t.buf.raw(), table.data(), table.size(), cudaMemcpyHostToDevice, stream()));
+  t.slots = static_cast<const Slot*>(t.buf.raw());
+  t.chunks = reinterpret_cast<const AdamChunk*>(static_cast<const char*>(t.buf.raw()) + slot_bytes);
+  n_chunks = static_cast<int64_t>(chunks.size());
+  return t;
+}
 
 template <int W>
 __device__ __forceinline__ void adamw_span(const AdamSlot& t, int64_t i, const AdamWScalars& s) {
@@ -194,7 +232,6 @@ void adamw_update(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, cons
 void adamw_update_all(const std::vector<AdamWTensor>& tensors, const AdamWScalars& s,
                       float no_decay_mul) {
   std::vector<AdamSlot> slots;
-  std::vector<AdamChunk> chunks;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const AdamWTensor& t = tensors[i];
     FT_CHECK(t.master.dtype() == DType::f32, "adamw_update_all: master of tensor ", i, " is ",
@@ -217,29 +254,13 @@ void adamw_update_all(const std::vector<AdamWTensor>& tensors, const AdamWScalar
     }
     slot.packed = can_use_packs<float>(n, {slot.p, slot.g, slot.m, slot.v}) &&
                   (slot.compute == nullptr || reinterpret_cast<uintptr_t>(slot.compute) % 16 == 0);
-    const auto index = static_cast<int64_t>(slots.size());
-    for (int64_t begin = 0; begin < n; begin += kAdamChunk) chunks.push_back({index, begin});
     slots.push_back(slot);
   }
-  if (chunks.empty()) return;
-  FT_CHECK(chunks.size() < (size_t{1} << 31), "adamw_update_all: ", chunks.size(),
-           " chunks exceed one launch");
-  // One upload: the slot table, then the chunk list (both 8-byte aligned).
-  static_assert(sizeof(AdamSlot) % 8 == 0 && sizeof(AdamChunk) % 8 == 0);
-  const size_t slot_bytes = slots.size() * sizeof(AdamSlot);
-  const size_t chunk_bytes = chunks.size() * sizeof(AdamChunk);
-  std::vector<char> table(slot_bytes + chunk_bytes);
-  std::memcpy(table.data(), slots.data(), slot_bytes);
-  std::memcpy(table.data() + slot_bytes, chunks.data(), chunk_bytes);
-  Tensor buf = Tensor::empty({static_cast<int64_t>(table.size() / 4)}, DType::i32,
-                             Device::cuda);  // raw bytes, counted in int32s
-  FT_CUDA_CHECK(
-      cudaMemcpyAsync(buf.raw(), table.data(), table.size(), cudaMemcpyHostToDevice, stream()));
-  const auto* dev_slots = static_cast<const AdamSlot*>(buf.raw());
-  const auto* dev_chunks =
-      reinterpret_cast<const AdamChunk*>(static_cast<const char*>(buf.raw()) + slot_bytes);
-  adamw_all_kernel<<<static_cast<unsigned>(chunks.size()), kAdamThreads, 0, stream()>>>(
-      dev_slots, dev_chunks, s);
+  if (slots.empty()) return;
+  int64_t n_chunks = 0;
+  const DeviceTable<AdamSlot> t = upload_table(slots, kAdamChunk, "adamw_update_all", n_chunks);
+  adamw_all_kernel<<<static_cast<unsigned>(n_chunks), kAdamThreads, 0, stream()>>>(t.slots,
+                                                                                   t.chunks, s);
   FT_CUDA_CHECK_LAUNCH();
 }
 
@@ -256,31 +277,12 @@ double global_grad_norm(const std::vector<Tensor>& grads) {
     slots.push_back({g.raw(), g.numel(), bf16 ? 1 : 0, packed ? 1 : 0});
   }
   if (slots.empty()) return 0.0;
-  std::vector<AdamChunk> chunks;
-  for (size_t i = 0; i < slots.size(); ++i) {
-    for (int64_t begin = 0; begin < slots[i].n; begin += kNormChunk) {
-      chunks.push_back({static_cast<int64_t>(i), begin});
-    }
-  }
-  FT_CHECK(chunks.size() < (size_t{1} << 31), "global_grad_norm: ", chunks.size(),
-           " chunks exceed one launch");
-  // One upload: the slot table, then the chunk list (both 8-byte aligned).
-  static_assert(sizeof(GradSlot) % 8 == 0 && sizeof(AdamChunk) % 8 == 0);
-  const size_t slot_bytes = slots.size() * sizeof(GradSlot);
-  const size_t chunk_bytes = chunks.size() * sizeof(AdamChunk);
-  std::vector<char> table(slot_bytes + chunk_bytes);
-  std::memcpy(table.data(), slots.data(), slot_bytes);
-  std::memcpy(table.data() + slot_bytes, chunks.data(), chunk_bytes);
-  Tensor buf = Tensor::empty({static_cast<int64_t>(table.size() / 4)}, DType::i32,
-                             Device::cuda);  // raw bytes, counted in int32s
-  FT_CUDA_CHECK(
-      cudaMemcpyAsync(buf.raw(), table.data(), table.size(), cudaMemcpyHostToDevice, stream()));
-  const auto n_chunks = static_cast<int64_t>(chunks.size());
+  int64_t n_chunks = 0;
+  const DeviceTable<GradSlot> t = upload_table(slots, kNormChunk, "global_grad_norm", n_chunks);
   Tensor partial = Tensor::empty({n_chunks + 1}, DType::f64, Device::cuda);
   double* partial_p = ptr<double>(partial);
   sum_squares_kernel<<<static_cast<unsigned>(n_chunks), kNormThreads, 0, stream()>>>(
-      partial_p, static_cast<const GradSlot*>(buf.raw()),
-      reinterpret_cast<const AdamChunk*>(static_cast<const char*>(buf.raw()) + slot_bytes));
+      partial_p, t.slots, t.chunks);
   FT_CUDA_CHECK_LAUNCH();
   double* total_p = partial_p + n_chunks;
   sum_partials_kernel<<<1, kFinishThreads, 0, stream()>>>(total_p, partial_p, n_chunks);
