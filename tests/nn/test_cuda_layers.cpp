@@ -264,9 +264,8 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CudaLayers,
                                            Case{DType::bf16, 96}, Case{DType::bf16, 50}),
                          name_with("_C"));
 
-// Vp = 1024 and GPT-2's 50304 (bf16) take the pack path with the row kept in shared memory
-// between the passes, rows over 110 KiB (bf16 60000, fp32 30000) the pack path that reads the row
-// twice, Vp = 1003 the element-wise one; V < Vp leaves padding.
+// Vp = 1024, GPT-2's 50304 and longer rows (bf16 60000, fp32 30000) take the pack path, Vp =
+// 1003 the element-wise one; V < Vp leaves padding.
 class CudaClassifier : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CudaClassifier, MatchesCpu) {

@@ -7,8 +7,11 @@
 // the padding columns [V, Vp). Each thread reads a pack before writing the same pack, the target
 // logit is read before the block's first barrier, and no thread writes before that barrier, so
 // dlogits may alias logits: no second copy of the logits, fp32 or otherwise, is ever made.
-// Traffic: the row read once and written once when it fits in shared memory (kMaxRowCacheBytes;
-// pass 2 reads it there), else read twice (the second time partly from L2) and written once.
+// Traffic: the row read twice (the second time mostly from L2) and written once. Two variants
+// measured slower on the H200 (docs/PERF.md, 2026-12-02): the row kept in shared memory between
+// the passes (two blocks per multiprocessor; 1.67-1.75 ms a GPT-2 step against 1.51), and four
+// packs per thread loaded before the first is used (1.73 ms). Both moved fewer DRAM bytes and
+// took longer: this kernel is not bound by its bytes alone (an ncu run should say by what).
 #include <cfloat>
 
 #include "nn/cuda/common.cuh"
@@ -18,10 +21,6 @@ namespace ft::nn::cuda {
 namespace {
 
 constexpr int kThreads = 512;
-// Rows up to this many bytes are kept in shared memory between the two passes (two blocks per
-// multiprocessor: GPT-2's padded vocabulary, 50304 bf16 = 98.25 KiB); longer rows (llama3's
-// 128256, fp32 GPT-2) are read twice, the second time partly from L2.
-constexpr int64_t kMaxRowCacheBytes = 110 * 1024;
 
 // exp(x) for x <= 0 as 2^(x log2 e): one multiply and one MUFU.EX2 (relative error ~2^-21 on
 // the arguments softmax gives it; expf's range reduction costs several instructions more, and
@@ -59,14 +58,9 @@ __device__ MaxSum block_max_sum(MaxSum v) {
   return v;
 }
 
-// RowInSmem: pass 1 keeps each pack it reads in dynamic shared memory (the row's first
-// ceil(V / W) packs) and pass 2 reads them back from there; each thread reads back only the packs
-// it wrote, so no barrier is needed for them.
-template <class T, int W, bool RowInSmem>
+template <class T, int W>
 __global__ void cross_entropy_kernel(float* losses, T* dlogits, const T* logits,
                                      const int32_t* targets, int64_t Vp, int64_t V, float dloss) {
-  extern __shared__ unsigned char smem_bytes[];
-  auto* row_cache = reinterpret_cast<Pack<T, W>*>(smem_bytes);
   const int64_t row = blockIdx.x;
   const T* x = logits + row * Vp;
   const int32_t target = targets[row];
@@ -74,7 +68,6 @@ __global__ void cross_entropy_kernel(float* losses, T* dlogits, const T* logits,
   MaxSum acc{-FLT_MAX, 0.0f};
   for (int64_t p = threadIdx.x; p * W < V; p += blockDim.x) {
     const Pack<T, W> xp = load_pack<T, W>(x + p * W);
-    if constexpr (RowInSmem) row_cache[p] = xp;
     const int n = static_cast<int>(V - p * W < W ? V - p * W : W);  // columns < V in the pack
     float pack_max = -FLT_MAX;
 #pragma unroll
@@ -97,13 +90,7 @@ __global__ void cross_entropy_kernel(float* losses, T* dlogits, const T* logits,
   const float scale = dloss / row_stats.sum;
   for (int64_t p = threadIdx.x; p * W < Vp; p += blockDim.x) {
     Pack<T, W> xp{};
-    if (p * W < V) {
-      if constexpr (RowInSmem) {
-        xp = row_cache[p];
-      } else {
-        xp = load_pack<T, W>(x + p * W);
-      }
-    }
+    if (p * W < V) xp = load_pack<T, W>(x + p * W);
     Pack<T, W> dp;
 #pragma unroll
     for (int k = 0; k < W; ++k) {
@@ -132,23 +119,11 @@ void softmax_cross_entropy(Tensor& losses, Tensor& dlogits, const Tensor& logits
     const T* x = ptr<T>(logits);
     const auto grid = static_cast<unsigned>(N);
     const auto scale = static_cast<float>(dloss);
-    const int64_t row_bytes = Vp * static_cast<int64_t>(sizeof(T));
-    if (can_use_packs<T>(Vp, {d, x}) && d != nullptr && row_bytes <= kMaxRowCacheBytes) {
-      constexpr int W = kPackWidth<T>;
-      auto kernel = cross_entropy_kernel<T, W, true>;
-      static const bool attribute_set = [&] {  // once per instantiation
-        FT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(kMaxRowCacheBytes)));
-        return true;
-      }();
-      (void)attribute_set;
-      kernel<<<grid, kThreads, static_cast<size_t>(row_bytes), stream()>>>(
-          ptr<float>(losses), d, x, ptr<int32_t>(dev_targets), Vp, V, scale);
-    } else if (can_use_packs<T>(Vp, {d, x})) {
-      cross_entropy_kernel<T, kPackWidth<T>, false><<<grid, kThreads, 0, stream()>>>(
+    if (can_use_packs<T>(Vp, {d, x})) {
+      cross_entropy_kernel<T, kPackWidth<T>><<<grid, kThreads, 0, stream()>>>(
           ptr<float>(losses), d, x, ptr<int32_t>(dev_targets), Vp, V, scale);
     } else {
-      cross_entropy_kernel<T, 1, false><<<grid, kThreads, 0, stream()>>>(
+      cross_entropy_kernel<T, 1><<<grid, kThreads, 0, stream()>>>(
           ptr<float>(losses), d, x, ptr<int32_t>(dev_targets), Vp, V, scale);
     }
     FT_CUDA_CHECK_LAUNCH();
