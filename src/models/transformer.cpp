@@ -642,20 +642,22 @@ void Transformer::layer_backward(int64_t l, Tensor& dresidual) {
   recompute_dropped(l);
 
   // MLP branch: dresidual flows both into the branch and along the residual.
-  Tensor dact = act({B, T, F});
   Tensor db_out = bias_grad(W.out_b);
   ProfileRegion region(profile_, OpFamily::gemm_mlp_down, 2 * gemm_flops(B * T, W.out_w));
-  nn::linear_backward(dact, W.out_w->grad, db_out, dresidual, c.mlp_act, W.out_w->compute);
   Tensor dfc = act({B, T, F});
   Tensor dh2 = act({B, T, C});
   Tensor db_fc = bias_grad(W.fc_b);
   Tensor no_bias;
   if (config_.mlp() == MlpKind::gelu) {
-    region.enter(OpFamily::activation, traffic(dact, 3));
-    nn::gelu_backward(dfc, dact, c.fc);
+    // Through the GELU in the same call (on the GPU in the down projection's GEMM epilogue: a
+    // GELU model's profile has no activation row).
+    nn::linear_gelu_backward(dfc, W.out_w->grad, db_out, dresidual, c.mlp_act, W.out_w->compute,
+                             c.fc);
     region.enter(OpFamily::gemm_mlp_up, 2 * gemm_flops(B * T, W.fc_w));
     nn::linear_backward(dh2, W.fc_w->grad, db_fc, dfc, c.norm2.out, W.fc_w->compute);
   } else {
+    Tensor dact = act({B, T, F});
+    nn::linear_backward(dact, W.out_w->grad, db_out, dresidual, c.mlp_act, W.out_w->compute);
     Tensor dgate = act({B, T, F});
     region.enter(OpFamily::activation, traffic(dact, 5));
     nn::swiglu_backward(dgate, dfc, dact, c.gate, c.fc);

@@ -38,6 +38,14 @@ void linear_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, c
 // (cuBLASLt's alignment rule for the pre-GELU output), else the two unfused calls.
 void linear_gelu_forward(Tensor& pre, Tensor& out, const Tensor& inp, const Tensor& w,
                          const Tensor& b);
+// The backward of a linear layer whose input is act = gelu(pre) (GPT-2's MLP down projection
+// after linear_gelu_forward), through the GELU: dpre = (dout @ w) * gelu'(pre) (written: the
+// gradient of the up projection's output), dw += dout^T @ act, db += column sums of dout (dw,
+// db may be undefined). CPU: linear_backward then gelu_backward, bit-identical to those calls.
+// CUDA: the GELU backward rides in the input-gradient GEMM's epilogue where cuBLASLt has it
+// (dpre rounded once instead of twice in bf16).
+void linear_gelu_backward(Tensor& dpre, Tensor& dw, Tensor& db, const Tensor& dout,
+                          const Tensor& act, const Tensor& w, const Tensor& pre);
 
 // LayerNorm over the last dimension C. mean, rstd: [N] in the accumulation dtype (saved for
 // backward).

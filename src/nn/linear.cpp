@@ -7,7 +7,9 @@
 // FLOPs: 2*N*IC*OC forward, twice that backward.
 // linear_gelu_forward (GPT-2's fc + GELU): on the CPU the two unfused calls; on the GPU the GELU
 // rides in the GEMM's epilogue (src/nn/cuda/linear.cu), saving the GELU kernel's read of pre and
-// write of out beyond what the GEMM writes anyway.
+// write of out beyond what the GEMM writes anyway. linear_gelu_backward (the projection after
+// the GELU, backward through it): on the CPU linear_backward then gelu_backward; on the GPU the
+// GELU backward rides in the input-gradient GEMM's epilogue.
 // The call runs on inp's device; every tensor must be there. CUDA tensors go to
 // src/nn/cuda/linear.cu (cuBLASLt) after the same checks.
 #include <algorithm>
@@ -87,6 +89,26 @@ void bias_grad_kernel(acc_t<T>* db, const T* dout, int64_t N, int64_t OC) {
   }
 }
 
+// The arguments of a linear backward (dinp, dw, db may be undefined); returns N, IC, OC.
+LinearShape check_backward(const Tensor& dinp, const Tensor& dw, const Tensor& db,
+                           const Tensor& dout, const Tensor& inp, const Tensor& w, const char* fn) {
+  const LinearShape s = check_weights(inp, w, fn);
+  const DType acc = detail::acc_dtype_of(inp.dtype());
+  check_rows(dout, s, inp.dtype(), inp.device(), fn, "dout");
+  if (dinp.defined()) detail::check_like(dinp, inp, fn, "dinp", "inp");
+  if (dw.defined()) {
+    check_on(dw, inp.device(), fn, "dw");
+    check_dtype(dw, acc, fn, "dw");
+    check_shape(dw, w.shape(), fn, "dw");
+  }
+  if (db.defined()) {
+    check_on(db, inp.device(), fn, "db");
+    check_dtype(db, acc, fn, "db");
+    check_shape(db, {s.out_features}, fn, "db");
+  }
+  return s;
+}
+
 }  // namespace
 
 void linear_forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tensor& b) {
@@ -130,20 +152,7 @@ void linear_gelu_forward(Tensor& pre, Tensor& out, const Tensor& inp, const Tens
 
 void linear_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp,
                      const Tensor& w) {
-  const LinearShape s = check_weights(inp, w, kBwd);
-  const DType acc = detail::acc_dtype_of(inp.dtype());
-  check_rows(dout, s, inp.dtype(), inp.device(), kBwd, "dout");
-  if (dinp.defined()) detail::check_like(dinp, inp, kBwd, "dinp", "inp");
-  if (dw.defined()) {
-    check_on(dw, inp.device(), kBwd, "dw");
-    check_dtype(dw, acc, kBwd, "dw");
-    check_shape(dw, w.shape(), kBwd, "dw");
-  }
-  if (db.defined()) {
-    check_on(db, inp.device(), kBwd, "db");
-    check_dtype(db, acc, kBwd, "db");
-    check_shape(db, {s.out_features}, kBwd, "db");
-  }
+  const LinearShape s = check_backward(dinp, dw, db, dout, inp, w, kBwd);
 #ifdef FLASHTRAIN_WITH_CUDA
   if (inp.device() == Device::cuda) return cuda::linear_backward(dinp, dw, db, dout, inp, w);
 #endif
@@ -161,6 +170,22 @@ void linear_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, c
     }
     if (db.defined()) bias_grad_kernel(db.data<A>(), d, N, OC);
   });
+}
+
+void linear_gelu_backward(Tensor& dpre, Tensor& dw, Tensor& db, const Tensor& dout,
+                          const Tensor& act, const Tensor& w, const Tensor& pre) {
+  constexpr const char* fn = "linear_gelu_backward";
+  FT_CHECK(dpre.defined(), fn, ": dpre is undefined (it is the point of the call)");
+  check_backward(dpre, dw, db, dout, act, w, fn);
+  detail::check_like(pre, act, fn, "pre", "act");
+  FT_CHECK(dpre.raw() != pre.raw() && dpre.raw() != dout.raw() && dpre.raw() != act.raw(), fn,
+           ": dpre must not alias pre, act or dout");
+#ifdef FLASHTRAIN_WITH_CUDA
+  if (act.device() == Device::cuda)
+    return cuda::linear_gelu_backward(dpre, dw, db, dout, act, w, pre);
+#endif
+  linear_backward(dpre, dw, db, dout, act, w);  // dpre holds d act here
+  gelu_backward(dpre, dpre, pre);
 }
 
 }  // namespace ft::nn

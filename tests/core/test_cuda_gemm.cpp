@@ -1,8 +1,8 @@
 // ft::cuda::gemm (cuBLASLt) against an fp64 CPU product of the same (rounded) inputs: every
 // transpose combination, shapes that are not multiples of 8, padded leading dimensions (the
 // padding must stay untouched), alpha/beta, strided batches with gaps, the bias and bias+GELU
-// epilogues, fp32 with TF32 off, bf16 -> bf16 and bf16 -> fp32. Outputs are poisoned with NaN
-// when beta = 0 (cuBLAS must not read them). Bad arguments are clear errors.
+// epilogues and the GELU-gradient one, fp32 with TF32 off, bf16 -> bf16 and bf16 -> fp32. Outputs
+// are poisoned with NaN when beta = 0 (cuBLAS must not read them). Bad arguments are clear errors.
 #include <gtest/gtest.h>
 
 #include "core/device.h"
@@ -276,6 +276,59 @@ TEST_F(CudaGemm, BiasGeluEpilogue) {
   }
 }
 
+double gelu_tanh_grad(double x) {
+  const double k = 0.7978845608028654, c = 0.044715;
+  const double th = std::tanh(k * (x + c * x * x * x));
+  return 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * k * (1.0 + 3.0 * c * x * x);
+}
+
+// The GELU-gradient epilogue (try_gemm: skipped, with the reason printed, where cuBLASLt has no
+// algorithm for it): C = A B * gelu'(pre), against an fp64 product of the same rounded inputs
+// times the tanh GELU's derivative; C starts as NaN (beta = 0 must not read it).
+void check_gelu_grad(int64_t M, int64_t N, int64_t K, DType dt, uint64_t seed) {
+  SCOPED_TRACE(str("gelu_grad M=", M, " N=", N, " K=", K, " ", dtype_name(dt)));
+  const Tensor A = random_f64(M * K, seed).to(dt), B = random_f64(K * N, seed + 1).to(dt);
+  const Tensor pre = random_f64(M * N, seed + 2).to(dt);
+  Tensor dA = A.to(Device::cuda), dB = B.to(Device::cuda), dpre = pre.to(Device::cuda);
+  Tensor dC = Tensor::empty({M * N}, dt, Device::cuda);
+  dC.fill(std::numeric_limits<double>::quiet_NaN());
+  GemmArgs args;
+  args.M = M;
+  args.N = N;
+  args.K = K;
+  args.A = dA.raw();
+  args.lda = K;
+  args.B = dB.raw();
+  args.ldb = N;
+  args.C = dC.raw();
+  args.ldc = N;
+  args.ab_dtype = args.c_dtype = dt;
+  args.epilogue = Epilogue::gelu_grad;
+  args.pre_gelu = dpre.raw();
+  if (!cuda::try_gemm(args)) {
+    GTEST_SKIP() << "cuBLASLt has no algorithm for this epilogue here (the layers fall back)";
+  }
+  const Tensor A64 = A.to(DType::f64), B64 = B.to(DType::f64), pre64 = pre.to(DType::f64);
+  Tensor want = Tensor::zeros({M * N}, DType::f64);
+  cpu::gemm(false, false, M, N, K, 1.0, A64.data<double>(), K, B64.data<double>(), N, 0.0,
+            want.data<double>(), N);
+  for (int64_t i = 0; i < M * N; ++i) {
+    want.data<double>()[i] *= gelu_tanh_grad(pre64.data<double>()[i]);
+  }
+  const Tensor have = dC.to(Device::cpu).to(DType::f64);
+  EXPECT_TRUE(all_finite(have)) << "NaN/Inf in C";
+  // cuBLASLt's GELU derivative uses a fast tanh (as its forward: 2e-3 there); bf16 C is rounded
+  // once on top.
+  EXPECT_LT(relative_error(have, want), dt == DType::f32 ? 2e-3 : 5e-3);
+}
+
+TEST_F(CudaGemm, GeluGradEpilogue) {
+  for (const DType dt : {DType::bf16, DType::f32}) {
+    check_gelu_grad(300, 96, 64, dt, 1200);
+    check_gelu_grad(1024, 3072, 768, dt, 1220);  // GPT-2's MLP
+  }
+}
+
 TEST_F(CudaGemm, RealisticShape) {
   GemmCase g;  // GPT-2 small QKV projection of 512 tokens
   g.trans_b = true;
@@ -370,6 +423,14 @@ TEST_F(CudaGemm, BadArgumentsAreClearErrors) {
   bad.pre_gelu = a.raw();
   bad.ldc = 5;
   expect_error(bad, "divisible by 8");
+  bad = ok;
+  bad.epilogue = Epilogue::gelu_grad;
+  expect_error(bad, "pre_gelu");
+  bad.pre_gelu = a.raw();
+  bad.batch_count = 2;
+  bad.stride_a = bad.stride_b = 16;
+  bad.stride_c = 16;
+  expect_error(bad, "batch_count 1");
   bad = ok;
   bad.A = nullptr;
   expect_error(bad, "null");

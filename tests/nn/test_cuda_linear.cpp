@@ -2,11 +2,15 @@
 // without bias, backward (dinp written, dw and db accumulated: two calls give twice the
 // gradient on top of what was there), undefined gradients skipped, odd shapes, 3-d inputs and
 // a GPT-2-sized 512 x 768 -> 2304 product; fp32 with TF32 off at 1e-5 relative, bf16 within
-// bf16 rounding of the CPU bf16 path. Outputs are poisoned with NaN first. Mixed devices and
-// fp64 on the GPU are clear errors. Skips itself without a GPU or without CUDA.
+// bf16 rounding of the CPU bf16 path. The backward through a GELU (linear_gelu_backward) and
+// the determinism of the bias gradients taken in GEMM epilogues. Outputs are poisoned with NaN
+// first. Mixed devices and fp64 on the GPU are clear errors. Skips itself without a GPU or without
+// CUDA.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <limits>
+#include <vector>
 
 #include "core/device.h"
 #include "core/rng.h"
@@ -164,6 +168,71 @@ TEST(CudaLinear, BiasGradientOverManyRowsIsDeterministic) {
       for (int64_t o = 0; o < OC; ++o) want.data<double>()[o] += d64.data<double>()[r * OC + o];
     }
     EXPECT_LT(relative_error(db1, want), 1e-5);
+  }
+}
+
+// linear_gelu_backward on the GPU (the GELU backward in the GEMM's epilogue where cuBLASLt has
+// it: IC % 8 == 0; else the GEMM and the GELU kernel) against the CPU's unfused calls. dpre goes
+// through cuBLASLt's GELU derivative (a fast tanh, as its forward's: 2e-3 in fp32) and, in
+// bf16, is rounded once (the CPU rounds d act first).
+void check_linear_gelu_backward(int64_t N, int64_t IC, int64_t OC, DType dt, bool biases,
+                                uint64_t seed) {
+  SCOPED_TRACE(str("N=", N, " IC=", IC, " OC=", OC, " ", dtype_name(dt),
+                   biases ? " with db" : " without db"));
+  const Tensor pre = randn({N, IC}, dt, seed, 1.5);
+  Tensor act = Tensor::empty({N, IC}, dt);
+  gelu_forward(act, pre);
+  const Tensor w = randn({OC, IC}, dt, seed + 1, 1.0 / std::sqrt(static_cast<double>(IC)));
+  const Tensor dout = randn({N, OC}, dt, seed + 2);
+  const Tensor dw0 = randn({OC, IC}, DType::f32, seed + 3), db0 = randn({OC}, DType::f32, seed + 4);
+
+  Tensor dpre = Tensor::empty({N, IC}, dt), dw = dw0.clone();
+  Tensor db = biases ? db0.clone() : Tensor();
+  linear_gelu_backward(dpre, dw, db, dout, act, w, pre);
+
+  const Tensor pre_g = pre.to(Device::cuda), act_g = act.to(Device::cuda), w_g = w.to(Device::cuda),
+               dout_g = dout.to(Device::cuda);
+  Tensor dpre_g = poisoned({N, IC}, dt, Device::cuda), dw_g = dw0.to(Device::cuda);
+  Tensor db_g = biases ? db0.to(Device::cuda) : Tensor();
+  linear_gelu_backward(dpre_g, dw_g, db_g, dout_g, act_g, w_g, pre_g);
+  expect_close(dpre_g, dpre, dt == DType::f32 ? 2e-3 : 1e-2, "dpre");
+  expect_close(dw_g, dw, 1e-5, "dw");
+  if (biases) expect_close(db_g, db, 1e-5, "db");
+}
+
+TEST(CudaLinear, GeluBackwardMatchesCpu) {
+  FT_REQUIRE_GPU();
+  uint64_t seed = 500;
+  for (const DType dt : {DType::f32, DType::bf16}) {
+    for (const bool biases : {true, false}) {
+      check_linear_gelu_backward(74, 96, 40, dt, biases, seed += 10);  // fused where cuBLASLt can
+      check_linear_gelu_backward(74, 50, 13, dt, biases, seed += 10);  // IC % 8 != 0: unfused
+    }
+  }
+  check_linear_gelu_backward(512, 3072, 768, DType::bf16, true, seed += 10);  // GPT-2's MLP
+}
+
+// dpre (through the GELU-gradient epilogue) and the bias gradient are bitwise the same on every
+// run.
+TEST(CudaLinear, EpilogueResultsAreDeterministic) {
+  FT_REQUIRE_GPU();
+  const int64_t N = 4096, IC = 3072, OC = 768;
+  const Tensor pre = randn({N, IC}, DType::bf16, 600).to(Device::cuda);
+  const Tensor act = randn({N, IC}, DType::bf16, 601).to(Device::cuda);
+  const Tensor w = randn({OC, IC}, DType::bf16, 602, 0.02).to(Device::cuda);
+  const Tensor dout = randn({N, OC}, DType::bf16, 603).to(Device::cuda);
+  std::vector<Tensor> dbs, dpres;
+  for (int run = 0; run < 3; ++run) {
+    Tensor dpre = Tensor::empty({N, IC}, DType::bf16, Device::cuda);
+    Tensor dw = Tensor::zeros({OC, IC}, DType::f32, Device::cuda);
+    Tensor db = Tensor::zeros({OC}, DType::f32, Device::cuda);
+    linear_gelu_backward(dpre, dw, db, dout, act, w, pre);
+    dbs.push_back(db);
+    dpres.push_back(dpre);
+  }
+  for (int run = 1; run < 3; ++run) {
+    EXPECT_EQ(max_abs_diff(dbs[run], dbs[0]), 0.0) << "db differs between runs";
+    EXPECT_EQ(max_abs_diff(dpres[run], dpres[0]), 0.0) << "dpre differs between runs";
   }
 }
 

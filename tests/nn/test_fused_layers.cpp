@@ -1,11 +1,11 @@
 // The fused layers on the CPU against their unfused twins, which the other tests check by
 // finite differences: add + norm forward (add_layernorm_forward, add_rmsnorm_forward), norm
 // backward accumulating into the residual gradient (*norm_backward_add), linear + GELU
-// (linear_gelu_forward) and the multi-tensor AdamW (adamw_update_all). Each fused function does
-// the same operations in the same order as its twin, so the results must be bit-identical in
-// fp64, fp32 and bf16 (compared byte for byte). Outputs start as NaN, so an element the fused
-// kernel forgets to write fails (a NaN never equals the twin's finite result). Also: aliasing
-// that the API allows, and bad input.
+// (linear_gelu_forward, and linear_gelu_backward through it) and the multi-tensor AdamW
+// (adamw_update_all). Each fused function does the same operations in the same order as its twin,
+// so the results must be bit-identical in fp64, fp32 and bf16 (compared byte for byte). Outputs
+// start as NaN, so an element the fused kernel forgets to write fails (a NaN never equals the
+// twin's finite result). Also: aliasing that the API allows, and bad input.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -166,6 +166,32 @@ TEST(FusedLinearGelu, EqualsLinearThenGelu) {
   }
 }
 
+TEST(FusedLinearGelu, BackwardEqualsLinearBackwardThenGeluBackward) {
+  for (const DType dt : {DType::f64, DType::f32, DType::bf16}) {
+    for (const bool with_db : {true, false}) {
+      SCOPED_TRACE(str(dtype_name(dt), with_db ? " with db" : " without db"));
+      const DType acc = acc_dtype(dt);
+      const int64_t N = 19, IC = 40, OC = 24;  // act [N, IC] = gelu(pre) -> out [N, OC]
+      const Tensor pre = rnd({N, IC}, 30, dt, 1.5), w = rnd({OC, IC}, 31, dt, 0.3);
+      Tensor act = poisoned({N, IC}, dt);
+      gelu_forward(act, pre);
+      const Tensor dout = rnd({N, OC}, 32, dt);
+      const Tensor dw0 = rnd({OC, IC}, 33, acc), db0 = rnd({OC}, 34, acc);
+      Tensor dact = poisoned({N, IC}, dt), dpre = poisoned({N, IC}, dt);
+      Tensor dw = dw0.clone(), db = with_db ? db0.clone() : Tensor();
+      linear_backward(dact, dw, db, dout, act, w);
+      gelu_backward(dpre, dact, pre);
+
+      Tensor fdpre = poisoned({N, IC}, dt), fdw = dw0.clone();
+      Tensor fdb = with_db ? db0.clone() : Tensor();
+      linear_gelu_backward(fdpre, fdw, fdb, dout, act, w, pre);
+      expect_same_bits(fdpre, dpre, "dpre");
+      expect_same_bits(fdw, dw, "dw");
+      if (with_db) expect_same_bits(fdb, db, "db");
+    }
+  }
+}
+
 // Tensors of several sizes, with and without decay, with a bf16 or fp32 compute copy, one that
 // is master itself, and none.
 struct AdamCase {
@@ -263,6 +289,18 @@ TEST(FusedErrors, BadInputIsAClearError) {
   expect_error([&] { linear_gelu_forward(pre, out_narrow, a, fc_w, fc_b); },
                "out [4, 15] does not match pre [4, 16]");
   expect_error([&] { linear_gelu_forward(out_narrow, out, a, fc_w, fc_b); }, "pre [4, 15]");
+  // linear_gelu_backward: act [4, 16] -> out [4, 8].
+  const Tensor down_w = rnd({8, 16}, 10, DType::f32), dy = rnd({4, 8}, 11, DType::f32);
+  Tensor dpre = poisoned({4, 16}, DType::f32), ddw = Tensor::zeros({8, 16}, DType::f32);
+  Tensor ddb_short = Tensor::zeros({7}, DType::f32);
+  expect_error([&] { linear_gelu_backward(none, ddw, none, dy, out, down_w, pre); },
+               "dpre is undefined");
+  expect_error([&] { linear_gelu_backward(pre, ddw, none, dy, out, down_w, pre); },
+               "must not alias");
+  expect_error([&] { linear_gelu_backward(dpre, ddw, none, dy, out, down_w, out_narrow); },
+               "pre [4, 15]");
+  expect_error([&] { linear_gelu_backward(dpre, ddw, ddb_short, dy, out, down_w, pre); },
+               "db has shape [7], expected [8]");
 
   std::vector<AdamWTensor> ts =
       adam_tensors({{8, true, 1}, {8, false, 0}}, DType::f32, Device::cpu, 1);

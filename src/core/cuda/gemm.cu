@@ -45,10 +45,25 @@ constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
 std::atomic<bool> g_allow_tf32{false};
 
+const char* epilogue_name(Epilogue e) {
+  switch (e) {
+    case Epilogue::none:
+      return "none";
+    case Epilogue::bias:
+      return "bias";
+    case Epilogue::bias_gelu:
+      return "bias_gelu";
+    case Epilogue::gelu_grad:
+      return "gelu_grad";
+  }
+  return "?";
+}
+
 std::string describe(const GemmArgs& a) {
   return str("gemm(M=", a.M, ", N=", a.N, ", K=", a.K, ", trans_a=", a.trans_a,
              ", trans_b=", a.trans_b, ", lda=", a.lda, ", ldb=", a.ldb, ", ldc=", a.ldc, ", ",
              dtype_name(a.ab_dtype), " -> ", dtype_name(a.c_dtype), ", batch_count=", a.batch_count,
+             a.epilogue == Epilogue::none ? "" : str(", epilogue ", epilogue_name(a.epilogue)),
              ")");
 }
 
@@ -138,16 +153,44 @@ void validate(const GemmArgs& a) {
              ") must be >= 0 and stride_c >= M * ldc = ", a.M * a.ldc,
              " (batches of C must not overlap)");
   }
-  if (a.epilogue != Epilogue::none) FT_CHECK(a.bias != nullptr, what, ": the epilogue needs bias");
-  if (a.epilogue == Epilogue::bias_gelu) {
-    FT_CHECK(a.pre_gelu != nullptr, what, ": bias_gelu needs pre_gelu");
-    FT_CHECK(a.K > 0, what, ": bias_gelu needs K > 0");
+  const char* name = epilogue_name(a.epilogue);
+  if (a.epilogue == Epilogue::bias || a.epilogue == Epilogue::bias_gelu) {
+    FT_CHECK(a.bias != nullptr, what, ": the ", name, " epilogue needs bias");
+  }
+  if (a.epilogue == Epilogue::gelu_grad) {
+    FT_CHECK(a.batch_count == 1, what,
+             ": the gelu_grad epilogue takes one product (batch_count 1)");
+  }
+  if (a.epilogue == Epilogue::bias_gelu || a.epilogue == Epilogue::gelu_grad) {
+    FT_CHECK(a.pre_gelu != nullptr, what, ": the ", name, " epilogue needs pre_gelu");
+    FT_CHECK(a.K > 0, what, ": the ", name, " epilogue needs K > 0");
     // pre_gelu has C's layout; cuBLASLt wants its leading dimension and batch stride
     // divisible by 8.
-    FT_CHECK(a.ldc % 8 == 0 && (a.batch_count == 1 || a.stride_c % 8 == 0), what,
-             ": bias_gelu needs ldc (and stride_c) divisible by 8, got ldc=", a.ldc,
+    FT_CHECK(a.ldc % 8 == 0 && (a.batch_count == 1 || a.stride_c % 8 == 0), what, ": the ", name,
+             " epilogue needs ldc (and stride_c) divisible by 8, got ldc=", a.ldc,
              ", stride_c=", a.stride_c);
   }
+}
+
+// cuBLASLt's epilogue for ours. Its bias-gradient epilogues are not used (measured on the H200
+// with cuBLAS 13.0, docs/PERF.md): BGRADB runs as a separate kernel after the GEMM, slower
+// than our column reduction, and DGELU_BGRAD takes no fp32 bias gradient with a bf16 D.
+cublasLtEpilogue_t lt_epilogue(const GemmArgs& a) {
+  switch (a.epilogue) {
+    case Epilogue::none:
+      return CUBLASLT_EPILOGUE_DEFAULT;
+    case Epilogue::bias:
+      return CUBLASLT_EPILOGUE_BIAS;
+    case Epilogue::bias_gelu:
+      return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case Epilogue::gelu_grad:
+      return CUBLASLT_EPILOGUE_DGELU;
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+bool reads_or_writes_aux(cublasLtEpilogue_t e) {
+  return e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_DGELU;
 }
 
 // C[b, i, j] = beta * C[b, i, j] + bias[j] (bias may be null). Never reads C when beta is 0,
@@ -232,12 +275,12 @@ bool run_matmul(const GemmArgs& a, cublasLtEpilogue_t epilogue, float beta) {
   FT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
                                                  sizeof epilogue),
                   a);
-  if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+  if (epilogue == CUBLASLT_EPILOGUE_BIAS || epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
     FT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                    &a.bias, sizeof a.bias),
                     a);
   }
-  if (epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+  if (reads_or_writes_aux(epilogue)) {
     const int64_t aux_ld = a.ldc, aux_stride = a.stride_c;
     FT_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
@@ -282,10 +325,9 @@ bool run_matmul(const GemmArgs& a, cublasLtEpilogue_t epilogue, float beta) {
       alignment_of(a.B, a.stride_b, a.ab_dtype, a.batch_count),
       alignment_of(a.A, a.stride_a, a.ab_dtype, a.batch_count),
       alignment_of(a.C, a.stride_c, a.c_dtype, a.batch_count),
-      epilogue == CUBLASLT_EPILOGUE_DEFAULT ? 256u : alignment_of(a.bias, 0, a.c_dtype, 1),
-      epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS
-          ? alignment_of(a.pre_gelu, a.stride_c, a.c_dtype, a.batch_count)
-          : 256u};
+      a.bias != nullptr ? alignment_of(a.bias, 0, a.c_dtype, 1) : 256u,
+      reads_or_writes_aux(epilogue) ? alignment_of(a.pre_gelu, a.stride_c, a.c_dtype, a.batch_count)
+                                    : 256u};
   const AlgoKey key = key_of(a, tf32, epilogue, align);
 
   std::optional<cublasLtMatmulAlgo_t> algo;
@@ -318,9 +360,15 @@ bool run_matmul(const GemmArgs& a, cublasLtEpilogue_t epilogue, float beta) {
     int found = 0;
     const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
         lt_handle(), op.desc, la.desc, lb.desc, lc.desc, lc.desc, pref.desc, 1, &result, &found);
+    // An epilogue this cuBLASLt does not take for these types is reported as NOT_SUPPORTED or,
+    // for some (DGELU_BGRAD with an fp32 bias on a bf16 D), INVALID_VALUE: both mean "no
+    // algorithm" once validate() has passed the arguments.
+    const bool unsupported =
+        status == CUBLAS_STATUS_NOT_SUPPORTED ||
+        (status == CUBLAS_STATUS_INVALID_VALUE && epilogue != CUBLASLT_EPILOGUE_DEFAULT);
     if (status == CUBLAS_STATUS_SUCCESS && found > 0) {
       algo = result.algo;
-    } else if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED) {
+    } else if (status != CUBLAS_STATUS_SUCCESS && !unsupported) {
       FT_CUBLAS_CHECK(status, a);
     }
     std::lock_guard<std::mutex> lock(cache_mutex);
@@ -346,21 +394,22 @@ bool tf32_allowed() {
   return g_allow_tf32.load();
 }
 
-void gemm(const GemmArgs& args) {
+bool try_gemm(const GemmArgs& args) {
   validate(args);
-  if (args.M == 0 || args.N == 0) return;
-  const bool has_bias = args.epilogue != Epilogue::none;
-  if (args.K == 0) {  // no product: C = beta * C (+ bias)
-    scale_add_bias(args, has_bias ? args.bias : nullptr);
-    return;
+  if (args.M == 0 || args.N == 0) {
+    return true;  // nothing to write (gelu_grad's C is empty too)
   }
-  const cublasLtEpilogue_t epilogue = args.epilogue == Epilogue::bias_gelu
-                                          ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
-                                      : has_bias ? CUBLASLT_EPILOGUE_BIAS
-                                                 : CUBLASLT_EPILOGUE_DEFAULT;
-  if (run_matmul(args, epilogue, args.beta)) return;
-  FT_CHECK(args.epilogue == Epilogue::bias, "cuBLASLt has no algorithm for ", describe(args),
-           args.epilogue == Epilogue::bias_gelu ? " with the bias+GELU epilogue" : "");
+  const bool has_bias = args.epilogue == Epilogue::bias || args.epilogue == Epilogue::bias_gelu;
+  if (args.K == 0) {  // no product: C = beta * C (+ bias); validate() kept the others out
+    scale_add_bias(args, has_bias ? args.bias : nullptr);
+    return true;
+  }
+  return run_matmul(args, lt_epilogue(args), args.beta);
+}
+
+void gemm(const GemmArgs& args) {
+  if (try_gemm(args)) return;
+  FT_CHECK(args.epilogue == Epilogue::bias, "cuBLASLt has no algorithm for ", describe(args));
   // No fused bias for this shape: put beta * C + bias into C first, then add the product
   // (one more pass over C, and a bf16 C is rounded twice instead of once).
   scale_add_bias(args, args.bias);

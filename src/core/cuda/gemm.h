@@ -11,7 +11,14 @@
 
 namespace ft::cuda {
 
-enum class Epilogue { none, bias, bias_gelu };
+// What runs on the product in cuBLASLt's epilogue, before C is written:
+// - bias: C = product + bias[N]; bias_gelu: pre_gelu = product + bias, C = gelu(pre_gelu)
+//   (tanh GELU, GPT-2's); bias and pre_gelu have C's dtype.
+// - gelu_grad: C = product * gelu'(pre_gelu) (pre_gelu read, C's layout and dtype): the GELU's
+//   backward in the input-gradient GEMM of the layer after it.
+// cuBLASLt does not have gelu_grad for every GPU, dtype and shape: try_gemm says so (false),
+// and the caller falls back to its own kernels.
+enum class Epilogue { none, bias, bias_gelu, gelu_grad };
 
 struct GemmArgs {
   bool trans_a = false, trans_b = false;
@@ -27,12 +34,15 @@ struct GemmArgs {
   float alpha = 1.0f, beta = 0.0f;
   Epilogue epilogue = Epilogue::none;
   const void* bias = nullptr;  // [N], dtype of C; with bias_gelu, pre_gelu receives C before GELU
-  void* pre_gelu = nullptr;
+  void* pre_gelu = nullptr;    // with gelu_grad, read (the forward's pre-activation)
   // Strided batches: batch_count products, operand i at A + i * stride_a elements, etc.
   int64_t batch_count = 1, stride_a = 0, stride_b = 0, stride_c = 0;
 };
 
 void gemm(const GemmArgs& args);
+// As gemm(), but false (nothing computed) where cuBLASLt has no algorithm for the epilogue;
+// gemm() throws there. Bad arguments throw in both.
+bool try_gemm(const GemmArgs& args);
 
 // fp32 products use TF32 tensor cores only after allow_tf32(true) (off by default).
 void allow_tf32(bool allow);

@@ -90,5 +90,10 @@ void linear_gelu_forward(Tensor& pre, Tensor& out, const Tensor& inp, const Tens
 // (deterministic). Undefined dinp, dw or db are skipped.
 void linear_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp,
                      const Tensor& w);
+// nn::linear_gelu_backward: dpre = (dout @ w) * gelu'(pre) in the input-gradient GEMM's DGELU
+// epilogue when cuBLASLt has one (IC % 8 == 0), else the GEMM and gelu_backward in place; then
+// dw, db as linear_backward.
+void linear_gelu_backward(Tensor& dpre, Tensor& dw, Tensor& db, const Tensor& dout,
+                          const Tensor& act, const Tensor& w, const Tensor& pre);
 
 }  // namespace ft::nn::cuda

@@ -5,7 +5,9 @@
 // a bf16 output is rounded once, after the bias is in (as on the CPU).
 // Backward: dinp = dout @ w (beta = 0, written); dw += dout^T @ inp (beta = 1 straight into the
 // fp32 gradient: bf16 operands, fp32 accumulation and fp32 C, no bf16 rounding of dw).
-// db += column sums of dout: pass 1 gives each (256-row chunk, 32-column tile) block one fp32
+// db += column sums of dout (cuBLASLt's BGRADB epilogue, which would take them in the dw GEMM,
+// runs as a separate kernel on the H200 and was slower than this: docs/PERF.md): pass 1 gives
+// each (256-row chunk, 32-column tile) block one fp32
 // partial sum per column, reading dout once, coalesced along the columns (when the columns are
 // whole 16-byte packs, a pack per thread and 32 packs per tile); pass 2 adds a column's
 // partials in a fixed order (add_column_partials, common.cuh). The order of every addition is
@@ -27,6 +29,14 @@
 // Saved against linear_forward + gelu_forward: the GELU kernel's read of pre and its write of
 // out (2 * N * OC elements of traffic, one launch); the GEMM's extra write of out remains.
 // Fallback (b undefined, or OC % 8 != 0, cuBLASLt's rule for the aux output): the two calls.
+//
+// linear_gelu_backward: the input-gradient GEMM of the layer after the GELU with cuBLASLt's
+// DGELU epilogue, which multiplies the fp32 accumulator by gelu'(pre) (pre read as its aux
+// input) before the one rounding to the output dtype. Saved against linear_backward +
+// gelu_backward: the GELU kernel (reads d act and pre, writes dpre: 0.93 ms of a GPT-2 step)
+// and d act's buffer. The derivative is cuBLASLt's (tanh GELU, as its forward;
+// tests/nn/test_cuda_linear.cpp holds it to the CPU's formula). Fallback (IC % 8 != 0, or no
+// algorithm): the GEMM, then gelu_backward in place.
 #include <algorithm>
 
 #include "core/cuda/gemm.h"
@@ -214,6 +224,33 @@ void linear_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, c
     }
     if (db.defined()) bias_grad(db.data<float>(), ptr<T>(dout), N, OC);
   });
+}
+
+void linear_gelu_backward(Tensor& dpre, Tensor& dw, Tensor& db, const Tensor& dout,
+                          const Tensor& act, const Tensor& w, const Tensor& pre) {
+  const int64_t IC = w.dim(1), OC = w.dim(0), N = detail::rows_of(act);
+  ft::cuda::GemmArgs g;  // dpre[N, IC] = (dout[N, OC] @ w[OC, IC]) * gelu'(pre)
+  g.M = N;
+  g.N = IC;
+  g.K = OC;
+  g.A = dout.raw();
+  g.lda = ld(OC);
+  g.B = w.raw();
+  g.ldb = ld(IC);
+  g.C = dpre.raw();
+  g.ldc = ld(IC);
+  g.ab_dtype = g.c_dtype = act.dtype();
+  g.epilogue = ft::cuda::Epilogue::gelu_grad;
+  g.pre_gelu = const_cast<void*>(pre.raw());  // read only (gelu_grad)
+  const bool fused = N > 0 && OC > 0 && IC > 0 && IC % 8 == 0 && ft::cuda::try_gemm(g);
+  if (!fused) {  // the unfused twins: the product, then the GELU backward in place
+    g.epilogue = ft::cuda::Epilogue::none;
+    g.pre_gelu = nullptr;
+    ft::cuda::gemm(g);
+    gelu_backward(dpre, dpre, pre);
+  }
+  Tensor no_dinp;
+  linear_backward(no_dinp, dw, db, dout, act, w);
 }
 
 }  // namespace ft::nn::cuda
