@@ -113,7 +113,7 @@ void run(const DebugStepFlags& f) {
     }
     FT_CHECK(std::isfinite(step_loss), "loss is ", step_loss, " at step ", step);
     losses.push_back(step_loss);
-    norms.push_back(optimizer.step(step, f.lr).grad_norm);
+    norms.push_back(optimizer.step(step, f.lr).grad_norm());
   }
   synchronize(device);
   write_json((dir / "losses.json").string(), {{"model", models::family_name(mc.family)},

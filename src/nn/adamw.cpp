@@ -125,6 +125,25 @@ bool has_own_compute(const AdamWTensor& t) {
   return t.compute.defined() && t.compute.raw() != t.master.raw();
 }
 
+// The arguments of adamw_update_all (tensors not empty); returns their device.
+Device check_all(const std::vector<AdamWTensor>& tensors, double lr, const AdamWConfig& cfg,
+                 int64_t step, double grad_scale) {
+  constexpr const char* fn = "adamw_update_all";
+  const Device device = detail::call_device(tensors[0].master, fn, "master of tensor 0");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const AdamWTensor& t = tensors[i];
+    const std::string name = str("tensor ", i);
+    detail::check_on(t.master, device, fn, (name + " master").c_str());
+    check_update(t.master, t.grad, t.m, t.v, lr, cfg, step, grad_scale);
+    if (!has_own_compute(t)) continue;
+    detail::check_on(t.compute, device, fn, (name + " compute").c_str());
+    FT_CHECK(t.compute.shape() == t.master.shape(), fn, ": ", name, " compute ",
+             shape_str(t.compute.shape()), " does not match master ", shape_str(t.master.shape()));
+    detail::check_float(t.compute, fn, (name + " compute").c_str());
+  }
+  return device;
+}
+
 }  // namespace
 
 void adamw_update(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, double lr,
@@ -146,20 +165,8 @@ void adamw_update(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, doub
 
 void adamw_update_all(std::vector<AdamWTensor>& tensors, double lr, const AdamWConfig& cfg,
                       int64_t step, double grad_scale) {
-  constexpr const char* fn = "adamw_update_all";
   if (tensors.empty()) return;
-  const Device device = detail::call_device(tensors[0].master, fn, "master of tensor 0");
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const AdamWTensor& t = tensors[i];
-    const std::string name = str("tensor ", i);
-    detail::check_on(t.master, device, fn, (name + " master").c_str());
-    check_update(t.master, t.grad, t.m, t.v, lr, cfg, step, grad_scale);
-    if (!has_own_compute(t)) continue;
-    detail::check_on(t.compute, device, fn, (name + " compute").c_str());
-    FT_CHECK(t.compute.shape() == t.master.shape(), fn, ": ", name, " compute ",
-             shape_str(t.compute.shape()), " does not match master ", shape_str(t.master.shape()));
-    detail::check_float(t.compute, fn, (name + " compute").c_str());
-  }
+  [[maybe_unused]] const Device device = check_all(tensors, lr, cfg, step, grad_scale);
 #ifdef FLASHTRAIN_WITH_CUDA
   if (device == Device::cuda) {
     return cuda::adamw_update_all(tensors, cuda_scalars(lr, cfg, step, grad_scale, true),
@@ -172,16 +179,46 @@ void adamw_update_all(std::vector<AdamWTensor>& tensors, double lr, const AdamWC
   }
 }
 
+double clip_scale(double norm, double max_norm) {
+  return max_norm > 0 && norm > max_norm ? max_norm / norm : 1.0;
+}
+
+void adamw_update_all(std::vector<AdamWTensor>& tensors, double lr, const AdamWConfig& cfg,
+                      int64_t step, const Tensor& norm, double max_norm) {
+  constexpr const char* fn = "adamw_update_all";
+  FT_CHECK(norm.defined() && norm.dtype() == DType::f64 && norm.numel() == 1, fn,
+           ": the norm must be one fp64 value (global_grad_norm_tensor), got ",
+           norm.defined() ? str(dtype_name(norm.dtype()), " ", shape_str(norm.shape()))
+                          : std::string("none"));
+  if (tensors.empty()) return;
+  detail::check_on(norm, tensors[0].master.device(), fn, "norm");
+#ifdef FLASHTRAIN_WITH_CUDA
+  if (norm.device() == Device::cuda) {
+    check_all(tensors, lr, cfg, step, 1.0);  // grad_scale is formed on the device
+    return cuda::adamw_update_all(tensors, cuda_scalars(lr, cfg, step, 1.0, true),
+                                  cuda_scalars(lr, cfg, step, 1.0, false).decay_mul,
+                                  static_cast<const double*>(norm.raw()), max_norm);
+  }
+#endif
+  adamw_update_all(tensors, lr, cfg, step, clip_scale(norm.data<double>()[0], max_norm));
+}
+
 double global_grad_norm(const std::vector<Tensor>& grads) {
+  const Tensor norm = global_grad_norm_tensor(grads);
+  return norm.device() == Device::cpu ? norm.data<double>()[0]
+                                      : norm.to(Device::cpu).data<double>()[0];
+}
+
+Tensor global_grad_norm_tensor(const std::vector<Tensor>& grads) {
   constexpr const char* fn = "global_grad_norm";
-  if (grads.empty()) return 0.0;
+  if (grads.empty()) return Tensor::zeros({1}, DType::f64);
   const Device device = detail::call_device(grads[0], fn, "gradient 0");
   for (size_t i = 0; i < grads.size(); ++i) {
     const std::string name = str("gradient ", i);
     detail::check_on(grads[i], device, fn, name.c_str());
   }
 #ifdef FLASHTRAIN_WITH_CUDA
-  if (device == Device::cuda) return cuda::global_grad_norm(grads);
+  if (device == Device::cuda) return cuda::global_grad_norm_tensor(grads);
 #endif
   double total = 0.0;
   for (const Tensor& g : grads) {
@@ -190,7 +227,9 @@ double global_grad_norm(const std::vector<Tensor>& grads) {
       total += sum_squares(g.data<T>(), g.numel());
     });
   }
-  return std::sqrt(total);
+  Tensor norm = Tensor::empty({1}, DType::f64);
+  norm.data<double>()[0] = std::sqrt(total);
+  return norm;
 }
 
 }  // namespace ft::nn

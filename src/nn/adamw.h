@@ -36,7 +36,21 @@ struct AdamWTensor {
 void adamw_update_all(std::vector<AdamWTensor>& tensors, double lr, const AdamWConfig& cfg,
                       int64_t step, double grad_scale);
 
+// The scale that clipping to max_norm applies for a gradient norm: max_norm / norm when
+// max_norm > 0 and norm > max_norm, else 1 (fp64; a NaN norm gives 1).
+double clip_scale(double norm, double max_norm);
+
+// adamw_update_all with grad_scale = clip_scale(norm, max_norm) formed where the norm lives:
+// `norm` is a one-element fp64 tensor on the tensors' device (global_grad_norm_tensor), so on
+// the GPU the host never waits for it (the kernel reads it). Bit-identical to adamw_update_all
+// with that grad_scale given by the host.
+void adamw_update_all(std::vector<AdamWTensor>& tensors, double lr, const AdamWConfig& cfg,
+                      int64_t step, const Tensor& norm, double max_norm);
+
 // sqrt(sum over tensors of sum(g^2)), accumulated in fp64.
 double global_grad_norm(const std::vector<Tensor>& grads);
+// The same value as a one-element fp64 tensor on the gradients' device (the CPU for none),
+// nothing read back: global_grad_norm is this, read.
+Tensor global_grad_norm_tensor(const std::vector<Tensor>& grads);
 
 }  // namespace ft::nn

@@ -108,9 +108,11 @@ OptimizerStep DataParallel::sharded_step(int64_t step, double lr) {
   const double mine = shard_grads.empty() ? 0.0 : nn::global_grad_norm(shard_grads);
   double squares = 0.0;
   for (double v : comm_.all_gather({mine * mine})) squares += v;  // rank order: equal everywhere
+  // The shards' norms meet on the host (all_gather), so this path reads them back mid-step.
   OptimizerStep r;
-  r.grad_norm = std::sqrt(squares);
-  if (grad_clip_ > 0 && r.grad_norm > grad_clip_) r.grad_scale = grad_clip_ / r.grad_norm;
+  r.norm = Tensor::empty({1}, DType::f64);
+  r.norm.data<double>()[0] = std::sqrt(squares);
+  r.max_norm = grad_clip_;
 
   std::vector<nn::AdamWTensor> update;
   const std::vector<models::Parameter>& params = model_.parameters();
@@ -121,7 +123,7 @@ OptimizerStep DataParallel::sharded_step(int64_t step, double lr) {
                       shard_v_.slice(s.shard_offset, s.shard_offset + n), params[s.param].decay,
                       own_compute ? compute.slice(s.begin, s.end) : Tensor()});
   }
-  nn::adamw_update_all(update, lr, adamw_, step, r.grad_scale);
+  nn::adamw_update_all(update, lr, adamw_, step, r.grad_scale());
   region.enter(models::OpFamily::all_reduce, static_cast<double>(compute.nbytes()));
   // The weights every rank reads: bf16 compute copies, or the fp32 masters themselves.
   for (const dist::Bucket& b : reducer_->buckets()) comm_.all_gather(compute.slice(b.begin, b.end));

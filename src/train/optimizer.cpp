@@ -7,12 +7,21 @@ namespace ft::train {
 Optimizer::Optimizer(models::Transformer& model, const nn::AdamWConfig& adamw, double grad_clip)
     : model_(model), adamw_(adamw), grad_clip_(grad_clip) {}
 
+double OptimizerStep::grad_norm() const {
+  return norm.device() == Device::cpu ? norm.data<double>()[0]
+                                      : norm.to(Device::cpu).data<double>()[0];
+}
+
+double OptimizerStep::grad_scale() const {
+  return nn::clip_scale(grad_norm(), max_norm);
+}
+
 OptimizerStep Optimizer::step(int64_t step, double lr) {
   std::vector<Tensor> grads;
   for (const models::Parameter& p : model_.parameters()) grads.push_back(p.grad);
   OptimizerStep r;
-  r.grad_norm = nn::global_grad_norm(grads);
-  if (grad_clip_ > 0 && r.grad_norm > grad_clip_) r.grad_scale = grad_clip_ / r.grad_norm;
+  r.norm = nn::global_grad_norm_tensor(grads);
+  r.max_norm = grad_clip_;
   std::vector<nn::AdamWTensor> update;
   for (models::Parameter& p : model_.parameters()) {
     const Device device = p.master.device();
@@ -20,7 +29,7 @@ OptimizerStep Optimizer::step(int64_t step, double lr) {
     if (!p.v.defined()) p.v = Tensor::zeros(p.master.shape(), p.master.dtype(), device);
     update.push_back({p.master, p.grad, p.m, p.v, p.decay, p.compute});
   }
-  nn::adamw_update_all(update, lr, adamw_, step, r.grad_scale);
+  nn::adamw_update_all(update, lr, adamw_, step, r.norm, grad_clip_);
   return r;
 }
 

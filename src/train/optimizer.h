@@ -1,10 +1,11 @@
 // The optimizer step of training, as one object, so that everything that steps a model (the
 // trainer, `flashtrain debug-step` and with it tests/torch_parity.py) runs the same path:
-// the global gradient norm (nn::global_grad_norm: fp64, independent of the thread count),
-// clipping to grad_clip (scale = grad_clip / norm when the norm is larger), then AdamW over every
-// parameter in one nn::adamw_update_all call (one multi-tensor kernel on the GPU), which also
-// refreshes the compute copies (bf16 weights). The moments live in the model's Parameters, so the
-// resume state saves and restores them; they are allocated, zero, on the first step.
+// the global gradient norm (nn::global_grad_norm_tensor: fp64, independent of the thread count,
+// left on the device), clipping to grad_clip (scale = grad_clip / norm when the norm is larger,
+// formed where the norm is), then AdamW over every parameter in one nn::adamw_update_all call
+// (one multi-tensor kernel on the GPU), which also refreshes the compute copies (bf16 weights). The
+// moments live in the model's Parameters, so the resume state saves and restores them; they are
+// allocated, zero, on the first step.
 #pragma once
 
 #include <cstdint>
@@ -14,9 +15,15 @@
 
 namespace ft::train {
 
+// What a step did. The norm stays where it was computed (one fp64 value on the model's device:
+// on the GPU, AdamW forms the clipping scale from it there, so the host does not wait for the
+// device mid-step); grad_norm() reads it, waiting for the device.
 struct OptimizerStep {
-  double grad_norm = 0.0;   // before clipping
-  double grad_scale = 1.0;  // what the gradients were multiplied by (clipping), <= 1
+  Tensor norm;            // the global gradient norm before clipping
+  double max_norm = 0.0;  // the clipping threshold (<= 0: none)
+  double grad_norm() const;
+  // What the gradients were multiplied by: nn::clip_scale(grad_norm(), max_norm), <= 1.
+  double grad_scale() const;
 };
 
 class Optimizer {

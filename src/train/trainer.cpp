@@ -537,13 +537,14 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
         model.backward(loss_scale, last ? dp.gradient_ready() : models::GradientReady());
       }
       const double lr = schedule.lr(step);
-      const double norm = dp.step(step, lr).grad_norm;
+      const OptimizerStep update = dp.step(step, lr);
       region.enter(models::OpFamily::classifier_loss,
                    static_cast<double>(rank_accum * c.batch_size * c.seq_len * sizeof(float)));
       std::vector<double> losses(pending.size());
       for (size_t i = 0; i < pending.size(); ++i) {
         losses[i] = models::Transformer::mean_loss_of(pending[i]);
       }
+      const double norm = update.grad_norm();  // the device is done with the step by now
       region.leave();
       if (profile) profile->end_step();
       synchronize(c.device);  // the step's time includes its device work

@@ -141,8 +141,8 @@ TEST_P(DebugStepTest, AdamWStepsAreTrainingsOptimizer) {
       model.backward(1.0);
       const train::OptimizerStep s = optimizer.step(static_cast<int64_t>(step), lr);
       EXPECT_EQ(losses[step - 1], loss) << "step " << step;
-      EXPECT_EQ(norms[step - 1], s.grad_norm) << "step " << step;
-      EXPECT_LT(s.grad_scale, 1.0) << "step " << step << ": clipping should act";
+      EXPECT_EQ(norms[step - 1], s.grad_norm()) << "step " << step;
+      EXPECT_LT(s.grad_scale(), 1.0) << "step " << step << ": clipping should act";
     }
   }
 }

@@ -348,6 +348,52 @@ TEST(CudaAdamW, GlobalGradNormMatchesCpuAndIsDeterministic) {
   EXPECT_NEAR(got, want, 1e-12 * want);
   EXPECT_EQ(global_grad_norm(on_gpu), got);
   expect_error([&] { global_grad_norm({on_gpu[0], grads[1]}); }, "one device");
+  // The norm left on the device holds the same value.
+  const Tensor norm = global_grad_norm_tensor(on_gpu);
+  EXPECT_EQ(norm.device(), Device::cuda);
+  EXPECT_EQ(host(norm).data<double>()[0], got);
+}
+
+// Clipping formed on the device from the device norm (no host wait) against the host forming
+// the scale from the same norm: the same bits, clipped (max_norm under the norm), not clipped
+// (over it) and with clipping off (0). A kernel that ignored the norm would use scale 1 and
+// fail the clipped case.
+TEST(CudaAdamW, ClipFromTheDeviceNormMatchesTheHostScaleBitForBit) {
+  SKIP_WITHOUT_GPU();
+  const int64_t n = 5003;
+  const std::vector<Tensor> grads = {rnd({n}, 40, DType::f32), rnd({64}, 41, DType::f32)};
+  std::vector<Tensor> dev_grads;
+  for (const Tensor& g : grads) dev_grads.push_back(gpu(g));
+  const double norm = global_grad_norm(dev_grads);
+  for (const double max_norm : {0.3 * norm, 3.0 * norm, 0.0}) {
+    SCOPED_TRACE(str("max_norm ", max_norm, " for norm ", norm));
+    std::vector<AdamWTensor> a, b;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      const int64_t len = grads[i].numel();
+      const uint64_t s = 50 + 10 * i;
+      Tensor v = rnd({len}, s + 2, DType::f32, 0.1);
+      for (int64_t j = 0; j < len; ++j) v.data<float>()[j] *= v.data<float>()[j];
+      for (std::vector<AdamWTensor>* set : {&a, &b}) {
+        set->push_back({gpu(rnd({len}, s, DType::f32)), dev_grads[i],
+                        gpu(rnd({len}, s + 1, DType::f32, 0.1)), gpu(v), i == 0,
+                        gpu(Tensor::zeros({len}, DType::bf16))});
+      }
+    }
+    adamw_update_all(a, 1e-3, AdamWConfig{}, 2, global_grad_norm_tensor(dev_grads), max_norm);
+    adamw_update_all(b, 1e-3, AdamWConfig{}, 2, clip_scale(norm, max_norm));
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(max_abs_diff(host(a[i].master), host(b[i].master)), 0.0) << "master " << i;
+      EXPECT_EQ(max_abs_diff(host(a[i].m), host(b[i].m)), 0.0) << "m " << i;
+      EXPECT_EQ(max_abs_diff(host(a[i].v), host(b[i].v)), 0.0) << "v " << i;
+      EXPECT_EQ(max_abs_diff(host(a[i].compute), host(b[i].compute)), 0.0) << "compute " << i;
+    }
+  }
+  const Tensor cpu_norm = Tensor::zeros({1}, DType::f64);
+  std::vector<AdamWTensor> one = {{gpu(rnd({8}, 60, DType::f32)), dev_grads[1].slice(0, 8),
+                                   gpu(Tensor::zeros({8}, DType::f32)),
+                                   gpu(Tensor::zeros({8}, DType::f32)), true, Tensor()}};
+  expect_error([&] { adamw_update_all(one, 1e-3, AdamWConfig{}, 1, cpu_norm, 1.0); },
+               "norm is on cpu");
 }
 
 TEST(CudaLayersErrors, BadInputIsAClearError) {

@@ -8,6 +8,7 @@
 // twin's finite result). Also: aliasing that the API allows, and bad input.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -251,6 +252,32 @@ TEST(FusedAdamW, UpdateAllEqualsPerTensorUpdates) {
         expect_same_bits(all[i].compute, one[i].compute, at + "compute");
     }
   }
+}
+
+// The clipping scale formed from a norm tensor (what the GPU forms on the device) is the host's
+// clip_scale: the same bits as adamw_update_all given that scale.
+TEST(FusedAdamW, ClipFromANormTensorEqualsTheHostScale) {
+  EXPECT_EQ(clip_scale(2.0, 0.5), 0.25);
+  EXPECT_EQ(clip_scale(0.4, 0.5), 1.0);
+  EXPECT_EQ(clip_scale(2.0, 0.0), 1.0);  // off
+  EXPECT_EQ(clip_scale(std::nan(""), 0.5), 1.0);
+  std::vector<Tensor> grads;
+  std::vector<AdamWTensor> all = adam_tensors(kAdamCases, DType::f32, Device::cpu, 200);
+  std::vector<AdamWTensor> ref = adam_tensors(kAdamCases, DType::f32, Device::cpu, 200);
+  for (const AdamWTensor& t : all) grads.push_back(t.grad);
+  const Tensor norm = global_grad_norm_tensor(grads);
+  ASSERT_EQ(norm.numel(), 1);
+  EXPECT_EQ(norm.data<double>()[0], global_grad_norm(grads));
+  const double max_norm = 0.5 * norm.data<double>()[0];
+  adamw_update_all(all, 1e-3, AdamWConfig{}, 1, norm, max_norm);
+  adamw_update_all(ref, 1e-3, AdamWConfig{}, 1, clip_scale(norm.data<double>()[0], max_norm));
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (all[i].master.numel() == 0) continue;
+    expect_same_bits(all[i].master, ref[i].master, str("tensor ", i, " master"));
+  }
+  const Tensor wide = Tensor::zeros({2}, DType::f64);
+  expect_error([&] { adamw_update_all(all, 1e-3, AdamWConfig{}, 1, wide, 1.0); },
+               "must be one fp64 value");
 }
 
 TEST(FusedErrors, BadInputIsAClearError) {

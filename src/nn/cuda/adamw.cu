@@ -17,9 +17,11 @@
 // global_grad_norm, deterministic two-stage reduction in fp64: stage 1 gives every chunk of
 // kNormChunk elements of every tensor a block (16-byte packs when the tensor's pointer and size
 // allow), which writes one partial sum of squares; stage 2 is one block adding all partials in
-// a fixed order and tree. The partition depends only on the tensors' sizes, so the result never
-// depends on timing. Traffic: each gradient read once. (Before: 64 blocks per tensor with 4-byte
-// loads, so the largest tensors, the embeddings, had a few SMs to themselves.)
+// a fixed order and tree, and takes the square root, so the norm stays on the device (AdamW's
+// kernel can form the clipping scale from it: no host wait mid-step). The partition depends only
+// on the tensors' sizes, so the result never depends on timing. Traffic: each gradient read once.
+// (Before: 64 blocks per tensor with 4-byte loads, so the largest tensors, the embeddings, had a
+// few SMs to themselves.)
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -144,8 +146,19 @@ __device__ __forceinline__ void adamw_span(const AdamSlot& t, int64_t i, const A
   }
 }
 
+// The gradient scale of clipping formed from a norm on the device, with the host's operations
+// (nn::clip_scale, then the fp64 -> fp32 rounding of the host's scalars); norm null: the host's.
+__device__ __forceinline__ float device_clip_scale(const double* norm, double max_norm,
+                                                   float host_scale) {
+  if (norm == nullptr) return host_scale;
+  const double n = *norm;
+  return max_norm > 0.0 && n > max_norm ? __double2float_rn(__ddiv_rn(max_norm, n)) : 1.0f;
+}
+
 // Block b: chunk b of the list; threads stride the chunk in packs (or elements).
-__global__ void adamw_all_kernel(const AdamSlot* slots, const AdamChunk* chunks, AdamWScalars s) {
+__global__ void adamw_all_kernel(const AdamSlot* slots, const AdamChunk* chunks, AdamWScalars s,
+                                 const double* norm, double max_norm) {
+  s.grad_scale = device_clip_scale(norm, max_norm, s.grad_scale);
   const AdamChunk c = chunks[blockIdx.x];
   const AdamSlot t = slots[c.slot];
   const int64_t end = c.begin + kAdamChunk < t.n ? c.begin + kAdamChunk : t.n;
@@ -203,11 +216,12 @@ __global__ void sum_squares_kernel(double* partial, const GradSlot* slots,
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-__global__ void sum_partials_kernel(double* total, const double* partial, int64_t n) {
+// *norm = the square root of the sum of the partials (fp64, correctly rounded).
+__global__ void sum_partials_kernel(double* norm, const double* partial, int64_t n) {
   double s = 0.0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += partial[i];
   s = block_sum(s);
-  if (threadIdx.x == 0) *total = s;
+  if (threadIdx.x == 0) *norm = __dsqrt_rn(s);
 }
 
 }  // namespace
@@ -231,6 +245,11 @@ void adamw_update(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, cons
 
 void adamw_update_all(const std::vector<AdamWTensor>& tensors, const AdamWScalars& s,
                       float no_decay_mul) {
+  adamw_update_all(tensors, s, no_decay_mul, nullptr, 0.0);
+}
+
+void adamw_update_all(const std::vector<AdamWTensor>& tensors, const AdamWScalars& s,
+                      float no_decay_mul, const double* norm, double max_norm) {
   std::vector<AdamSlot> slots;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const AdamWTensor& t = tensors[i];
@@ -259,12 +278,12 @@ void adamw_update_all(const std::vector<AdamWTensor>& tensors, const AdamWScalar
   if (slots.empty()) return;
   int64_t n_chunks = 0;
   const DeviceTable<AdamSlot> t = upload_table(slots, kAdamChunk, "adamw_update_all", n_chunks);
-  adamw_all_kernel<<<static_cast<unsigned>(n_chunks), kAdamThreads, 0, stream()>>>(t.slots,
-                                                                                   t.chunks, s);
+  adamw_all_kernel<<<static_cast<unsigned>(n_chunks), kAdamThreads, 0, stream()>>>(
+      t.slots, t.chunks, s, norm, max_norm);
   FT_CUDA_CHECK_LAUNCH();
 }
 
-double global_grad_norm(const std::vector<Tensor>& grads) {
+Tensor global_grad_norm_tensor(const std::vector<Tensor>& grads) {
   std::vector<GradSlot> slots;
   for (size_t i = 0; i < grads.size(); ++i) {
     const Tensor& g = grads[i];
@@ -276,21 +295,18 @@ double global_grad_norm(const std::vector<Tensor>& grads) {
                              : can_use_packs<float>(g.numel(), {g.raw()});
     slots.push_back({g.raw(), g.numel(), bf16 ? 1 : 0, packed ? 1 : 0});
   }
-  if (slots.empty()) return 0.0;
+  if (slots.empty()) return Tensor::zeros({1}, DType::f64, Device::cuda);
   int64_t n_chunks = 0;
   const DeviceTable<GradSlot> t = upload_table(slots, kNormChunk, "global_grad_norm", n_chunks);
-  Tensor partial = Tensor::empty({n_chunks + 1}, DType::f64, Device::cuda);
-  double* partial_p = ptr<double>(partial);
+  Tensor partial = Tensor::empty({n_chunks}, DType::f64, Device::cuda);
+  Tensor norm = Tensor::empty({1}, DType::f64, Device::cuda);
   sum_squares_kernel<<<static_cast<unsigned>(n_chunks), kNormThreads, 0, stream()>>>(
-      partial_p, t.slots, t.chunks);
+      ptr<double>(partial), t.slots, t.chunks);
   FT_CUDA_CHECK_LAUNCH();
-  double* total_p = partial_p + n_chunks;
-  sum_partials_kernel<<<1, kFinishThreads, 0, stream()>>>(total_p, partial_p, n_chunks);
+  sum_partials_kernel<<<1, kFinishThreads, 0, stream()>>>(ptr<double>(norm), ptr<double>(partial),
+                                                          n_chunks);
   FT_CUDA_CHECK_LAUNCH();
-  double total = 0.0;
-  FT_CUDA_CHECK(cudaMemcpyAsync(&total, total_p, sizeof total, cudaMemcpyDeviceToHost, stream()));
-  FT_CUDA_CHECK(cudaStreamSynchronize(stream()));
-  return std::sqrt(total);
+  return norm;
 }
 
 }  // namespace ft::nn::cuda

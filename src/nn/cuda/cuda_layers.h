@@ -74,9 +74,15 @@ void adamw_update(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, cons
 // and not master itself) in the same kernel. Arguments checked by nn::adamw_update_all.
 void adamw_update_all(const std::vector<AdamWTensor>& tensors, const AdamWScalars& s,
                       float no_decay_mul);
-// sqrt(sum of squares) of fp32/bf16 GPU tensors, fp64 accumulation, deterministic two-stage
-// reduction; synchronises to return the value.
-double global_grad_norm(const std::vector<Tensor>& grads);
+// The same with s.grad_scale formed by the kernel from the device value *norm: max_norm / norm
+// when max_norm > 0 and norm > max_norm, else 1, in fp64 and then rounded to fp32, as the host
+// forms it (nn::clip_scale): no host wait for the norm.
+void adamw_update_all(const std::vector<AdamWTensor>& tensors, const AdamWScalars& s,
+                      float no_decay_mul, const double* norm, double max_norm);
+// sqrt(sum of squares) of fp32/bf16 GPU tensors as a one-element fp64 GPU tensor: fp64
+// accumulation, a deterministic two-stage reduction, the square root taken on the device
+// (correctly rounded, as std::sqrt); nothing read back.
+Tensor global_grad_norm_tensor(const std::vector<Tensor>& grads);
 
 // ---- linear (src/nn/cuda/linear.cu, cuBLASLt) ----
 
