@@ -204,9 +204,7 @@ void adamw_update_all(std::vector<AdamWTensor>& tensors, double lr, const AdamWC
 }
 
 double global_grad_norm(const std::vector<Tensor>& grads) {
-  const Tensor norm = global_grad_norm_tensor(grads);
-  return norm.device() == Device::cpu ? norm.data<double>()[0]
-                                      : norm.to(Device::cpu).data<double>()[0];
+  return global_grad_norm_tensor(grads).to(Device::cpu).data<double>()[0];
 }
 
 Tensor global_grad_norm_tensor(const std::vector<Tensor>& grads) {

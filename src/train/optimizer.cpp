@@ -8,8 +8,7 @@ Optimizer::Optimizer(models::Transformer& model, const nn::AdamWConfig& adamw, d
     : model_(model), adamw_(adamw), grad_clip_(grad_clip) {}
 
 double OptimizerStep::grad_norm() const {
-  return norm.device() == Device::cpu ? norm.data<double>()[0]
-                                      : norm.to(Device::cpu).data<double>()[0];
+  return norm.to(Device::cpu).data<double>()[0];  // waits for the device
 }
 
 double OptimizerStep::grad_scale() const {
