@@ -76,6 +76,50 @@ void free_bytes(Device device, void* ptr, size_t nbytes) {
   s.stats.used_bytes -= static_cast<int64_t>(nbytes);
 }
 
+namespace {
+
+// The CUDA backend's page-locked allocator, when one is registered.
+DeviceState* pinned_provider() {
+  DeviceState& s = state(Device::cuda);
+  std::lock_guard<std::mutex> lock(s.mutex);
+  return s.has_allocator && s.allocator.allocate_pinned ? &s : nullptr;
+}
+
+}  // namespace
+
+void* allocate_pinned_bytes(size_t nbytes, bool& page_locked) {
+  DeviceState* cuda = pinned_provider();
+  page_locked = cuda != nullptr;
+  if (!page_locked) return allocate_bytes(Device::cpu, nbytes);
+  void* ptr = cuda->allocator.allocate_pinned(nbytes);
+  DeviceState& s = state(Device::cpu);
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.stats.used_bytes += static_cast<int64_t>(nbytes);
+  s.stats.peak_used_bytes = std::max(s.stats.peak_used_bytes, s.stats.used_bytes);
+  s.stats.peak_reserved_bytes = std::max(s.stats.peak_reserved_bytes, s.stats.used_bytes);
+  return ptr;
+}
+
+void free_pinned_bytes(void* ptr, size_t nbytes, bool page_locked) {
+  if (ptr == nullptr) return;
+  if (!page_locked) return free_bytes(Device::cpu, ptr, nbytes);
+  state(Device::cuda).allocator.free_pinned(ptr);
+  DeviceState& s = state(Device::cpu);
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.stats.used_bytes -= static_cast<int64_t>(nbytes);
+}
+
+void release_cached_memory(Device device) {
+  if (device == Device::cpu) return;
+  DeviceState& s = state(device);
+  std::function<void()> release;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (s.has_allocator) release = s.allocator.release_cached;
+  }
+  if (release) release();
+}
+
 MemoryStats memory_stats(Device device) {
   DeviceState& s = state(device);
   std::lock_guard<std::mutex> lock(s.mutex);

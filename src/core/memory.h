@@ -22,6 +22,14 @@ void free_bytes(Device device, void* ptr, size_t nbytes);
 
 MemoryStats memory_stats(Device device);
 void reset_peak_memory(Device device);  // peaks restart from the current usage
+// Host memory for tensors that the GPU copies from (Tensor::empty_pinned): page-locked where a
+// CUDA backend is registered (its copies are truly asynchronous, and a captured CUDA graph reads
+// it at every replay), else ordinary host memory; page_locked says which, for the free. Counted
+// as CPU memory.
+void* allocate_pinned_bytes(size_t nbytes, bool& page_locked);
+void free_pinned_bytes(void* ptr, size_t nbytes, bool page_locked);
+// Gives the device allocator's free reserve back to the driver (a no-op on the CPU).
+void release_cached_memory(Device device);
 
 // Device backends (CUDA) register how they allocate, free and report reserved memory.
 struct DeviceAllocator {
@@ -30,6 +38,9 @@ struct DeviceAllocator {
   std::function<int64_t()> peak_used;      // since the last reset (the pool's own mark)
   std::function<int64_t()> peak_reserved;  // since the last reset
   std::function<void()> reset_peak;
+  std::function<void*(size_t)> allocate_pinned;  // page-locked host memory
+  std::function<void(void*)> free_pinned;
+  std::function<void()> release_cached;
 };
 void register_device_allocator(Device device, DeviceAllocator allocator);
 bool has_device_allocator(Device device);

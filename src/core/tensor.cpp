@@ -78,8 +78,17 @@ Storage::Storage(Device device, size_t nbytes)
 Storage::Storage(Device device, void* borrowed, size_t nbytes)
     : device_(device), nbytes_(nbytes), data_(borrowed), owned_(false) {}
 
+Storage::Storage(Pinned, size_t nbytes) : device_(Device::cpu), nbytes_(nbytes), pinned_(true) {
+  data_ = allocate_pinned_bytes(nbytes, page_locked_);  // after page_locked_'s initialiser
+}
+
 Storage::~Storage() {
-  if (owned_) free_bytes(device_, data_, nbytes_);
+  if (!owned_) return;
+  if (pinned_) {
+    free_pinned_bytes(data_, nbytes_, page_locked_);
+  } else {
+    free_bytes(device_, data_, nbytes_);
+  }
 }
 
 #ifndef FLASHTRAIN_WITH_CUDA
@@ -107,6 +116,16 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   t.dtype_ = dtype;
   t.device_ = device;
   t.storage_ = std::make_shared<Storage>(device, t.nbytes());
+  return t;
+}
+
+Tensor Tensor::empty_pinned(const Shape& shape, DType dtype) {
+  for (int64_t d : shape) FT_CHECK(d >= 0, "negative dimension in shape ", shape_str(shape));
+  Tensor t;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.device_ = Device::cpu;
+  t.storage_ = std::make_shared<Storage>(Storage::Pinned{}, t.nbytes());
   return t;
 }
 

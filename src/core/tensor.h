@@ -24,6 +24,9 @@ class Storage {
   Storage(Device device, size_t nbytes);
   // Borrowed memory: neither counted nor freed.
   Storage(Device device, void* borrowed, size_t nbytes);
+  // Host memory from allocate_pinned_bytes (page-locked where CUDA is set up).
+  struct Pinned {};
+  Storage(Pinned, size_t nbytes);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -37,6 +40,8 @@ class Storage {
   size_t nbytes_;
   void* data_;
   bool owned_ = true;
+  bool pinned_ = false;       // from allocate_pinned_bytes
+  bool page_locked_ = false;  // ... and page-locked
 };
 
 class Tensor {
@@ -46,6 +51,10 @@ class Tensor {
   // Device::cuda sets up GPU 0 (cuda::init_device) on first use when nothing else has.
   static Tensor empty(const Shape& shape, DType dtype, Device device = Device::cpu);
   static Tensor zeros(const Shape& shape, DType dtype, Device device = Device::cpu);
+  // A CPU tensor in page-locked memory once the GPU is set up (core/memory.h), for data the GPU
+  // copies from: such copies read it when they run (the host must not rewrite it before), and a
+  // captured CUDA graph reads it at every replay (core/cuda/graph.h). Ordinary memory otherwise.
+  static Tensor empty_pinned(const Shape& shape, DType dtype);
   // A tensor over memory the caller owns (another framework's array): nothing is allocated,
   // copied, counted or freed, and the caller keeps `data` alive and in place while this tensor
   // or any view of it lives. `data` must hold shape_numel(shape) contiguous elements on `device`.

@@ -33,6 +33,7 @@
 #include <optional>
 #include <string>
 
+#include "core/cuda/capture_state.h"
 #include "core/cuda/check.h"
 #include "core/cuda/gemm.h"
 #include "core/cuda/runtime.h"
@@ -87,10 +88,12 @@ cublasLtHandle_t lt_handle() {
 }
 
 // One per stream a thread launches on (a StreamScope can give a thread more than one), so that
-// GEMMs queued on two streams never share a workspace.
+// GEMMs queued on two streams never share a workspace. A captured GEMM takes the workspace of
+// the stream its graph replays on (core/cuda/graph.h), where it runs in order with that
+// stream's other GEMMs.
 void* workspace() {
   thread_local std::map<cudaStream_t, Tensor*> buffers;  // never freed, see the top of the file
-  Tensor*& buffer = buffers[current_stream()];
+  Tensor*& buffer = buffers[execution_stream()];
   if (buffer == nullptr) {
     buffer = new Tensor(
         Tensor::empty({static_cast<int64_t>(kWorkspaceBytes / 4)}, DType::i32, Device::cuda));

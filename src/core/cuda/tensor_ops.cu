@@ -12,7 +12,9 @@
 #include <cstring>
 
 #include "core/bf16.h"
+#include "core/cuda/capture_state.h"
 #include "core/cuda/check.h"
+#include "core/cuda/graph.h"
 #include "core/cuda/runtime.h"
 #include "core/cuda/tensor_ops.h"
 #include "core/memory.h"
@@ -130,6 +132,15 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   const cudaMemcpyKind kind = to_host
                                   ? (from_host ? cudaMemcpyHostToHost : cudaMemcpyDeviceToHost)
                                   : (from_host ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice);
+  if (capturing()) {  // graph.h's rules
+    FT_CHECK(!to_host,
+             "a copy to host memory while a CUDA graph is being captured: nothing has "
+             "run yet, so the host cannot read the device inside a captured step");
+    FT_CHECK(!from_host || is_pinned(src), "a copy from pageable host memory (", nbytes,
+             " bytes) while a CUDA graph is being captured: every replay would read that "
+             "address after the buffer is gone; give the step's inputs in page-locked memory "
+             "(Tensor::empty_pinned), or upload a constant table with cuda::upload_constant");
+  }
   FT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, kind, current_stream()));
   if (to_host) synchronize();
 }

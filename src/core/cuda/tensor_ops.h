@@ -15,7 +15,9 @@ namespace ft::cuda {
 void ensure_device_ready();
 
 // nbytes from src to dst between any two devices. A host destination is synchronised before
-// return; a host source may be reused at once (pageable memory is staged by the driver).
+// return; a pageable host source may be reused at once (the driver stages it), a page-locked
+// one is read when the copy runs. Under a CUDA graph capture only page-locked sources are
+// taken, and no host destination (core/cuda/graph.h).
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes);
 
 // n elements from src to dst, both on the GPU, between f32, bf16 and f64. Rounds exactly as
