@@ -40,18 +40,28 @@ struct AdamScalars {
   T decay_mul, one_minus_b1, b2, one_minus_b2, neg_step_size, bc2_sqrt, eps, grad_scale;
 };
 
-template <class T>
-AdamScalars<T> adam_scalars(double lr, const AdamWConfig& cfg, int64_t step, double grad_scale,
-                            bool decay) {
+// The fp64 values of a step that depend on lr and step (write_adamw_step_values stores them).
+struct StepValues {
+  double decay_mul, neg_step_size, bc2_sqrt;
+};
+
+StepValues step_values(double lr, const AdamWConfig& cfg, int64_t step) {
   const double t = static_cast<double>(step);
   const double bc1 = 1.0 - std::pow(cfg.beta1, t);
   const double bc2 = 1.0 - std::pow(cfg.beta2, t);
-  return {static_cast<T>(decay ? 1.0 - lr * cfg.weight_decay : 1.0),
+  return {1.0 - lr * cfg.weight_decay, -(lr / bc1), std::sqrt(bc2)};
+}
+
+template <class T>
+AdamScalars<T> adam_scalars(double lr, const AdamWConfig& cfg, int64_t step, double grad_scale,
+                            bool decay) {
+  const StepValues v = step_values(lr, cfg, step);
+  return {static_cast<T>(decay ? v.decay_mul : 1.0),
           static_cast<T>(1.0 - cfg.beta1),
           static_cast<T>(cfg.beta2),
           static_cast<T>(1.0 - cfg.beta2),
-          static_cast<T>(-(lr / bc1)),
-          static_cast<T>(std::sqrt(bc2)),
+          static_cast<T>(v.neg_step_size),
+          static_cast<T>(v.bc2_sqrt),
           static_cast<T>(cfg.eps),
           static_cast<T>(grad_scale)};
 }
@@ -201,6 +211,46 @@ void adamw_update_all(std::vector<AdamWTensor>& tensors, double lr, const AdamWC
   }
 #endif
   adamw_update_all(tensors, lr, cfg, step, clip_scale(norm.data<double>()[0], max_norm));
+}
+
+void write_adamw_step_values(Tensor& values, double lr, const AdamWConfig& cfg, int64_t step) {
+  FT_CHECK(values.defined() && values.device() == Device::cpu && values.dtype() == DType::f64 &&
+               values.numel() == kAdamWStepValues,
+           "write_adamw_step_values: the values must be a CPU fp64 tensor of ", kAdamWStepValues,
+           " elements");
+  FT_CHECK(step >= 1 && step < (int64_t{1} << 53), "write_adamw_step_values: step ", step,
+           " must be >= 1 and exact in fp64");
+  const StepValues v = step_values(lr, cfg, step);
+  double* out = values.data<double>();
+  out[0] = lr;
+  out[1] = static_cast<double>(step);
+  out[2] = v.decay_mul;
+  out[3] = v.neg_step_size;
+  out[4] = v.bc2_sqrt;
+}
+
+void adamw_update_all(std::vector<AdamWTensor>& tensors, const Tensor& step_values,
+                      const AdamWConfig& cfg, const Tensor& norm, double max_norm) {
+  constexpr const char* fn = "adamw_update_all";
+  FT_CHECK(step_values.defined() && step_values.device() == Device::cpu &&
+               step_values.dtype() == DType::f64 && step_values.numel() == kAdamWStepValues,
+           fn, ": the step values must be write_adamw_step_values' CPU fp64 tensor");
+  const double lr = step_values.data<double>()[0];
+  const auto step = static_cast<int64_t>(step_values.data<double>()[1]);
+#ifdef FLASHTRAIN_WITH_CUDA
+  if (!tensors.empty() && norm.defined() && norm.device() == Device::cuda) {
+    FT_CHECK(norm.dtype() == DType::f64 && norm.numel() == 1, fn,
+             ": the norm must be one fp64 value (global_grad_norm_tensor)");
+    check_all(tensors, lr, cfg, step, 1.0);  // grad_scale is formed on the device
+    // lr and step reach the kernel through memory, the constants of cfg as arguments.
+    const Tensor on_device = step_values.to(Device::cuda);
+    return cuda::adamw_update_all(tensors, cuda_scalars(lr, cfg, step, 1.0, true),
+                                  cuda_scalars(lr, cfg, step, 1.0, false).decay_mul,
+                                  static_cast<const double*>(norm.raw()), max_norm,
+                                  static_cast<const double*>(on_device.raw()));
+  }
+#endif
+  adamw_update_all(tensors, lr, cfg, step, norm, max_norm);
 }
 
 double global_grad_norm(const std::vector<Tensor>& grads) {

@@ -47,6 +47,18 @@ double clip_scale(double norm, double max_norm);
 void adamw_update_all(std::vector<AdamWTensor>& tensors, double lr, const AdamWConfig& cfg,
                       int64_t step, const Tensor& norm, double max_norm);
 
+// What one AdamW step takes from lr and step, as a CPU fp64 tensor of kAdamWStepValues values
+// (lr, step, and the decay factor and the bias corrections formed from them in fp64 exactly as
+// adamw_update forms them): the form in which a step's lr reaches a captured CUDA graph, which
+// copies it from page-locked memory at every replay (Tensor::empty_pinned, core/cuda/graph.h).
+constexpr int64_t kAdamWStepValues = 5;
+void write_adamw_step_values(Tensor& values, double lr, const AdamWConfig& cfg, int64_t step);
+// adamw_update_all(tensors, lr, cfg, step, norm, max_norm) with lr and step read from
+// `step_values` (write_adamw_step_values' CPU tensor). On the GPU the kernel reads the values
+// from a copy of the tensor queued on the stream (from page-locked memory: when it runs), so the
+// host's only per-step work is writing those five numbers. Bit-identical to the other form.
+void adamw_update_all(std::vector<AdamWTensor>& tensors, const Tensor& step_values,
+                      const AdamWConfig& cfg, const Tensor& norm, double max_norm);
 // sqrt(sum over tensors of sum(g^2)), accumulated in fp64.
 double global_grad_norm(const std::vector<Tensor>& grads);
 // The same value as a one-element fp64 tensor on the gradients' device (the CPU for none),

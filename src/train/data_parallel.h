@@ -54,6 +54,10 @@ class DataParallel {
   // Completes the gradient reduction, then clips and updates (every parameter, or this
   // rank's shard, then the weights' all-gather).
   OptimizerStep step(int64_t step, double lr);
+  // For a captured step (replayed by a CUDA graph, one rank, not sharded): the optimizer's step
+  // values in page-locked memory, and rewritten before each replay (Optimizer::set_step).
+  void pin_step_values() { optimizer_.pin_step_values(); }
+  void set_step(int64_t step, double lr) { optimizer_.set_step(step, lr); }
 
   // ZeRO-1 resume: before train_state's load_train_state(model), which then leaves the saved
   // moments in host tensors, and after it, which keeps this rank's chunks of them. No-ops

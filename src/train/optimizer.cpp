@@ -5,7 +5,20 @@
 namespace ft::train {
 
 Optimizer::Optimizer(models::Transformer& model, const nn::AdamWConfig& adamw, double grad_clip)
-    : model_(model), adamw_(adamw), grad_clip_(grad_clip) {}
+    : model_(model),
+      adamw_(adamw),
+      grad_clip_(grad_clip),
+      step_values_(Tensor::zeros({nn::kAdamWStepValues}, DType::f64)) {}
+
+void Optimizer::set_step(int64_t step, double lr) {
+  nn::write_adamw_step_values(step_values_, lr, adamw_, step);
+}
+
+void Optimizer::pin_step_values() {
+  Tensor pinned = Tensor::empty_pinned({nn::kAdamWStepValues}, DType::f64);
+  pinned.copy_from(step_values_);
+  step_values_ = pinned;
+}
 
 double OptimizerStep::grad_norm() const {
   return norm.to(Device::cpu).data<double>()[0];  // waits for the device
@@ -28,7 +41,8 @@ OptimizerStep Optimizer::step(int64_t step, double lr) {
     if (!p.v.defined()) p.v = Tensor::zeros(p.master.shape(), p.master.dtype(), device);
     update.push_back({p.master, p.grad, p.m, p.v, p.decay, p.compute});
   }
-  nn::adamw_update_all(update, lr, adamw_, step, r.norm, grad_clip_);
+  set_step(step, lr);
+  nn::adamw_update_all(update, step_values_, adamw_, r.norm, grad_clip_);
   return r;
 }
 

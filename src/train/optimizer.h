@@ -32,12 +32,24 @@ class Optimizer {
   Optimizer(models::Transformer& model, const nn::AdamWConfig& adamw, double grad_clip);
 
   // One update from the gradients the model holds; step is 1-based (bias correction).
+  // set_step(step, lr), then the update's work queued, reading lr and step from step_values().
   OptimizerStep step(int64_t step, double lr);
+
+  // Writes what a step takes from lr and step into step_values() (nn::write_adamw_step_values),
+  // queuing nothing: before each replay of a captured step, which copies them from there.
+  void set_step(int64_t step, double lr);
+  // Moves the step values to page-locked memory, so that a captured step reads them at each
+  // replay (core/cuda/graph.h). The host then rewrites them only when the device is done with
+  // the last step (the trainer reads each step's losses first). Pageable by default: a copy
+  // from there is staged at once, so callers that queue steps back to back need not wait.
+  void pin_step_values();
+  const Tensor& step_values() const { return step_values_; }
 
  private:
   models::Transformer& model_;
   nn::AdamWConfig adamw_;
   double grad_clip_;
+  Tensor step_values_;
 };
 
 }  // namespace ft::train

@@ -3,12 +3,15 @@
 // kBf16Tol). GPU outputs are poisoned with NaN before each kernel, so an unwritten element
 // fails; parameter gradients are accumulated twice (2x); both 16-byte-pack and element-wise
 // paths run (row lengths that are and are not a multiple of the pack). Also: in-place aliasing,
-// token/target ids on either device, determinism, and bad input. Skips without CUDA or a GPU.
+// token/target ids on either device, determinism, dwte bit-identical to the CPU's, and bad input.
+// Skips without CUDA or a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/device.h"
@@ -90,6 +93,39 @@ TEST_P(CudaLayers, Embedding) {
     embedding_backward(again, none, g_dout, tok);
     embedding_backward(again, none, g_dout, tok);
     EXPECT_EQ(max_abs_diff(host(again), host(g_dwte)), 0.0);
+  }
+}
+
+// dwte adds each id's dout rows in token order on both devices, so the sums are the same bits:
+// ids that repeat many times, a single id for every token (one run of B*T), and GPT-2's
+// vocabulary with ids near its top and on either side of 2^15 (the sort must compare 16 bits).
+TEST_P(CudaLayers, EmbeddingWteGradientMatchesCpuBitForBit) {
+  SKIP_WITHOUT_GPU();
+  const int64_t B = 3, T = 37;
+  const int32_t kGpt2Vocab = 50257;
+  Tensor one_id = Tensor::empty({B, T}, DType::i32);
+  for (int64_t i = 0; i < one_id.numel(); ++i) one_id.data<int32_t>()[i] = 49;
+  Tensor top_ids = random_ids({B, T}, 4, 30);
+  int32_t* top = top_ids.data<int32_t>();
+  for (int64_t i = 0; i < top_ids.numel(); ++i) top[i] = kGpt2Vocab - 1 - top[i];
+  const int32_t low_ids[] = {0, 1 << 15, (1 << 15) - 1, 1 << 15};
+  std::copy(std::begin(low_ids), std::end(low_ids), top);
+  struct IdCase {
+    const char* what;
+    int32_t V;
+    Tensor tokens;
+  };
+  const IdCase cases[] = {{"ids repeat", 50, random_ids({B, T}, 50, 31)},
+                          {"one id", 50, one_id},
+                          {"ids past 2^15", kGpt2Vocab, top_ids}};
+  const Tensor dout = rnd({B, T, C()}, 32, dt()), g_dout = gpu(dout);
+  for (const IdCase& c : cases) {
+    SCOPED_TRACE(c.what);
+    // A non-zero start: the gradient is added onto what the row holds.
+    Tensor want = rnd({c.V, C()}, 33, DType::f32), got = gpu(want), no_dwpe;
+    embedding_backward(want, no_dwpe, dout, c.tokens);
+    embedding_backward(got, no_dwpe, g_dout, gpu(c.tokens));
+    EXPECT_EQ(max_abs_diff(host(got), want), 0.0);
   }
 }
 
@@ -394,6 +430,45 @@ TEST(CudaAdamW, ClipFromTheDeviceNormMatchesTheHostScaleBitForBit) {
                                    gpu(Tensor::zeros({8}, DType::f32)), true, Tensor()}};
   expect_error([&] { adamw_update_all(one, 1e-3, AdamWConfig{}, 1, cpu_norm, 1.0); },
                "norm is on cpu");
+}
+
+// lr and step read by the kernel from memory (the form a captured CUDA graph replays) against
+// the host's scalars: the same bits, for tensors with and without decay, at several steps and
+// rates (the bias corrections and the decay factor change). A kernel that kept the arguments'
+// step-dependent values would fail at every step but the one they came from.
+TEST(CudaAdamW, StepValuesFromMemoryMatchTheHostScalarsBitForBit) {
+  SKIP_WITHOUT_GPU();
+  const int64_t n = 4099;
+  const std::vector<Tensor> grads = {rnd({n}, 70, DType::f32), rnd({96}, 71, DType::f32)};
+  std::vector<Tensor> dev_grads;
+  for (const Tensor& g : grads) dev_grads.push_back(gpu(g));
+  std::vector<AdamWTensor> a, b;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const int64_t len = grads[i].numel();
+    for (std::vector<AdamWTensor>* set : {&a, &b}) {
+      set->push_back({gpu(rnd({len}, 80 + i, DType::f32)), dev_grads[i],
+                      gpu(Tensor::zeros({len}, DType::f32)), gpu(Tensor::zeros({len}, DType::f32)),
+                      i == 0, gpu(Tensor::zeros({len}, DType::bf16))});
+    }
+  }
+  const AdamWConfig cfg;
+  const Tensor norm = global_grad_norm_tensor(dev_grads);
+  const double max_norm = 0.5 * global_grad_norm(dev_grads);
+  Tensor values = Tensor::empty_pinned({kAdamWStepValues}, DType::f64);
+  for (const auto& [step, lr] :
+       std::vector<std::pair<int64_t, double>>{{1, 3e-4}, {2, 1e-3}, {7, 6e-4}, {100, 1e-5}}) {
+    SCOPED_TRACE(str("step ", step, " lr ", lr));
+    write_adamw_step_values(values, lr, cfg, step);
+    adamw_update_all(a, values, cfg, norm, max_norm);
+    adamw_update_all(b, lr, cfg, step, norm, max_norm);
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(max_abs_diff(host(a[i].master), host(b[i].master)), 0.0) << "master " << i;
+      EXPECT_EQ(max_abs_diff(host(a[i].v), host(b[i].v)), 0.0) << "v " << i;
+      EXPECT_EQ(max_abs_diff(host(a[i].compute), host(b[i].compute)), 0.0) << "compute " << i;
+    }
+  }
+  Tensor wrong = Tensor::zeros({3}, DType::f64);
+  expect_error([&] { write_adamw_step_values(wrong, 1e-3, cfg, 1); }, "fp64 tensor of 5");
 }
 
 TEST(CudaLayersErrors, BadInputIsAClearError) {

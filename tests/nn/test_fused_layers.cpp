@@ -280,6 +280,32 @@ TEST(FusedAdamW, ClipFromANormTensorEqualsTheHostScale) {
                "must be one fp64 value");
 }
 
+// lr and step given as write_adamw_step_values' tensor (the form a captured GPU step reads)
+// take the path of lr and step given directly: the same bits, at a step whose bias corrections
+// and a rate whose decay factor are not round numbers.
+TEST(FusedAdamW, StepValuesEqualLrAndStepGivenDirectly) {
+  std::vector<AdamWTensor> all = adam_tensors(kAdamCases, DType::f32, Device::cpu, 300);
+  std::vector<AdamWTensor> ref = adam_tensors(kAdamCases, DType::f32, Device::cpu, 300);
+  std::vector<Tensor> grads;
+  for (const AdamWTensor& t : all) grads.push_back(t.grad);
+  const Tensor norm = global_grad_norm_tensor(grads);
+  Tensor values = Tensor::zeros({kAdamWStepValues}, DType::f64);
+  write_adamw_step_values(values, 7.3e-4, AdamWConfig{}, 13);
+  EXPECT_EQ(values.data<double>()[0], 7.3e-4);
+  EXPECT_EQ(values.data<double>()[1], 13.0);
+  adamw_update_all(all, values, AdamWConfig{}, norm, 0.7);
+  adamw_update_all(ref, 7.3e-4, AdamWConfig{}, 13, norm, 0.7);
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (all[i].master.numel() == 0) continue;
+    expect_same_bits(all[i].master, ref[i].master, str("tensor ", i, " master"));
+    expect_same_bits(all[i].m, ref[i].m, str("tensor ", i, " m"));
+  }
+  expect_error([&] { write_adamw_step_values(values, 1e-3, AdamWConfig{}, 0); }, "step 0");
+  const Tensor short_values = Tensor::zeros({2}, DType::f64);
+  expect_error([&] { adamw_update_all(all, short_values, AdamWConfig{}, norm, 0.7); },
+               "step values");
+}
+
 TEST(FusedErrors, BadInputIsAClearError) {
   const Shape s{4, 8};
   const Tensor a = rnd(s, 1, DType::f32), b = rnd(s, 2, DType::f32), w = rnd({8}, 3, DType::f32);

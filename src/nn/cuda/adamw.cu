@@ -26,6 +26,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/cuda/graph.h"
 #include "nn/cuda/common.cuh"
 #include "nn/cuda/cuda_layers.h"
 
@@ -77,7 +78,7 @@ struct AdamSlot {
   float* v;
   void* compute;
   int64_t n;
-  float decay_mul;
+  int32_t decay;   // weight decay applies (the step's factor is read at run time)
   int32_t copy;    // ComputeCopy
   int32_t packed;  // every pointer 16-byte aligned and n a multiple of 4
   int32_t unused;
@@ -117,8 +118,8 @@ DeviceTable<Slot> upload_table(const std::vector<Slot>& slots, int64_t chunk, co
   std::memcpy(table.data() + slot_bytes, chunks.data(), chunk_bytes);
   DeviceTable<Slot> t;
   t.buf = Tensor::empty({static_cast<int64_t>(table.size() / 4)}, DType::i32, Device::cuda);
-  FT_CUDA_CHECK(
-      cudaMemcpyAsync(t.buf.raw(), table.data(), table.size(), cudaMemcpyHostToDevice, stream()));
+  // A constant of the launch (pointers and sizes): a captured step keeps it (core/cuda/graph.h).
+  ft::cuda::upload_constant(t.buf.raw(), table.data(), table.size());
   t.slots = static_cast<const Slot*>(t.buf.raw());
   t.chunks = reinterpret_cast<const AdamChunk*>(static_cast<const char*>(t.buf.raw()) + slot_bytes);
   n_chunks = static_cast<int64_t>(chunks.size());
@@ -126,13 +127,14 @@ DeviceTable<Slot> upload_table(const std::vector<Slot>& slots, int64_t chunk, co
 }
 
 template <int W>
-__device__ __forceinline__ void adamw_span(const AdamSlot& t, int64_t i, const AdamWScalars& s) {
+__device__ __forceinline__ void adamw_span(const AdamSlot& t, int64_t i, const AdamWScalars& s,
+                                           float decay_mul) {
   Pack<float, W> pp = load_pack<float, W>(t.p + i);
   Pack<float, W> mp = load_pack<float, W>(t.m + i);
   Pack<float, W> vp = load_pack<float, W>(t.v + i);
   const Pack<float, W> gp = load_pack<float, W>(t.g + i);
 #pragma unroll
-  for (int k = 0; k < W; ++k) adamw_step(pp.v[k], gp.v[k], mp.v[k], vp.v[k], s, t.decay_mul);
+  for (int k = 0; k < W; ++k) adamw_step(pp.v[k], gp.v[k], mp.v[k], vp.v[k], s, decay_mul);
   store_pack<float, W>(t.p + i, pp);
   store_pack<float, W>(t.m + i, mp);
   store_pack<float, W>(t.v + i, vp);
@@ -155,21 +157,36 @@ __device__ __forceinline__ float device_clip_scale(const double* norm, double ma
   return max_norm > 0.0 && n > max_norm ? __double2float_rn(__ddiv_rn(max_norm, n)) : 1.0f;
 }
 
+// The step's values from the device copy of nn::write_adamw_step_values' tensor (lr, step,
+// decay factor, step size, bias correction), rounded to fp32 as the host rounds them; null: the
+// host's, in s.
+__device__ __forceinline__ void read_step_values(AdamWScalars& s, const double* values) {
+  if (values == nullptr) return;
+  s.decay_mul = __double2float_rn(values[2]);
+  s.neg_step_size = __double2float_rn(values[3]);
+  s.bc2_sqrt = __double2float_rn(values[4]);
+}
+
 // Block b: chunk b of the list; threads stride the chunk in packs (or elements).
 __global__ void adamw_all_kernel(const AdamSlot* slots, const AdamChunk* chunks, AdamWScalars s,
-                                 const double* norm, double max_norm) {
+                                 float no_decay_mul, const double* norm, double max_norm,
+                                 const double* step_values) {
   s.grad_scale = device_clip_scale(norm, max_norm, s.grad_scale);
+  read_step_values(s, step_values);
   const AdamChunk c = chunks[blockIdx.x];
   const AdamSlot t = slots[c.slot];
+  const float decay_mul = t.decay ? s.decay_mul : no_decay_mul;
   const int64_t end = c.begin + kAdamChunk < t.n ? c.begin + kAdamChunk : t.n;
   constexpr int W = kPackWidth<float>;
   if (t.packed) {
     for (int64_t i = c.begin + static_cast<int64_t>(threadIdx.x) * W; i < end;
          i += static_cast<int64_t>(blockDim.x) * W) {
-      adamw_span<W>(t, i, s);
+      adamw_span<W>(t, i, s, decay_mul);
     }
   } else {
-    for (int64_t i = c.begin + threadIdx.x; i < end; i += blockDim.x) adamw_span<1>(t, i, s);
+    for (int64_t i = c.begin + threadIdx.x; i < end; i += blockDim.x) {
+      adamw_span<1>(t, i, s, decay_mul);
+    }
   }
 }
 
@@ -245,11 +262,17 @@ void adamw_update(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, cons
 
 void adamw_update_all(const std::vector<AdamWTensor>& tensors, const AdamWScalars& s,
                       float no_decay_mul) {
-  adamw_update_all(tensors, s, no_decay_mul, nullptr, 0.0);
+  adamw_update_all(tensors, s, no_decay_mul, nullptr, 0.0, nullptr);
 }
 
 void adamw_update_all(const std::vector<AdamWTensor>& tensors, const AdamWScalars& s,
                       float no_decay_mul, const double* norm, double max_norm) {
+  adamw_update_all(tensors, s, no_decay_mul, norm, max_norm, nullptr);
+}
+
+void adamw_update_all(const std::vector<AdamWTensor>& tensors, const AdamWScalars& s,
+                      float no_decay_mul, const double* norm, double max_norm,
+                      const double* step_values) {
   std::vector<AdamSlot> slots;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const AdamWTensor& t = tensors[i];
@@ -263,7 +286,7 @@ void adamw_update_all(const std::vector<AdamWTensor>& tensors, const AdamWScalar
     slot.m = static_cast<float*>(t.m.raw());
     slot.v = static_cast<float*>(t.v.raw());
     slot.n = n;
-    slot.decay_mul = t.decay ? s.decay_mul : no_decay_mul;
+    slot.decay = t.decay ? 1 : 0;
     if (t.compute.defined() && t.compute.raw() != t.master.raw()) {
       FT_CHECK(t.compute.dtype() == DType::bf16 || t.compute.dtype() == DType::f32,
                "adamw_update_all: compute copy of tensor ", i, " is ",
@@ -279,7 +302,7 @@ void adamw_update_all(const std::vector<AdamWTensor>& tensors, const AdamWScalar
   int64_t n_chunks = 0;
   const DeviceTable<AdamSlot> t = upload_table(slots, kAdamChunk, "adamw_update_all", n_chunks);
   adamw_all_kernel<<<static_cast<unsigned>(n_chunks), kAdamThreads, 0, stream()>>>(
-      t.slots, t.chunks, s, norm, max_norm);
+      t.slots, t.chunks, s, no_decay_mul, norm, max_norm, step_values);
   FT_CUDA_CHECK_LAUNCH();
 }
 

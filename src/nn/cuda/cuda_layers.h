@@ -79,6 +79,12 @@ void adamw_update_all(const std::vector<AdamWTensor>& tensors, const AdamWScalar
 // forms it (nn::clip_scale): no host wait for the norm.
 void adamw_update_all(const std::vector<AdamWTensor>& tensors, const AdamWScalars& s,
                       float no_decay_mul, const double* norm, double max_norm);
+// The same with the step's decay factor, step size and bias correction read by the kernel from
+// the device copy of nn::write_adamw_step_values' tensor (s's fields for them are not used), so
+// a captured graph takes each replay's lr.
+void adamw_update_all(const std::vector<AdamWTensor>& tensors, const AdamWScalars& s,
+                      float no_decay_mul, const double* norm, double max_norm,
+                      const double* step_values);
 // sqrt(sum of squares) of fp32/bf16 GPU tensors as a one-element fp64 GPU tensor: fp64
 // accumulation, a deterministic two-stage reduction, the square root taken on the device
 // (correctly rounded, as std::sqrt); nothing read back.

@@ -2,14 +2,16 @@
 //
 // Forward: one thread per 16-byte pack of an output row gathers the token's wte pack and the
 // position's wpe pack: B*T*C reads of each table and B*T*C writes.
-// Backward, deterministic without atomics: the host sorts token positions by vocabulary id
-// (stable, so each id keeps token order; the ids are tiny next to the activations), uploads that
-// order once, and one block per (used id, column chunk) adds its tokens' dout rows into the
-// dwte row in token order, exactly the CPU's order of additions. dwpe: one thread per
-// (position, column) adds the batch's rows in batch order. Traffic: dout read once per table.
-#include <algorithm>
-#include <numeric>
-#include <vector>
+// Backward, deterministic without atomics. dwte: CUB's radix sort orders the pairs (id,
+// position) by id on the device, over only the id bits that [0, V) needs (16 for GPT-2); the sort
+// is stable, so each id's positions stay in token order. Then one block per (sorted position,
+// column chunk): the first position of each id's run adds the run's dout rows into the dwte row
+// in token order, exactly the CPU's order of additions (bit-identical); the other blocks exit.
+// The host reads no token value and every launch size comes from the shapes alone, so a CUDA
+// graph can capture the step and replay it on new batches. dwpe: one thread per (position,
+// column) adds the batch's rows in batch order. Traffic: dout read once per table, plus a few
+// passes over B*T int32 pairs for the sort.
+#include <cub/device/device_radix_sort.cuh>
 
 #include "nn/cuda/common.cuh"
 #include "nn/cuda/cuda_layers.h"
@@ -36,18 +38,26 @@ __global__ void embedding_forward_kernel(T* out, const int32_t* tokens, const T*
   }
 }
 
-// Block (u, chunk): vocabulary id ids[u], whose token positions are order[start[u], start[u+1]).
+// Block (k, chunk): sorted position k. Only the head of an id's run works, so every dwte row
+// has one writer per column; a grid of one block per token (not per distinct id) keeps its size
+// independent of the token values.
 template <class T>
-__global__ void embedding_backward_wte_kernel(float* dwte, const T* dout, const int32_t* ids,
-                                              const int32_t* start, const int32_t* order,
-                                              int64_t C) {
-  const int u = blockIdx.x;
+__global__ void embedding_backward_wte_kernel(float* dwte, const T* dout, const int32_t* sorted_ids,
+                                              const int32_t* sorted_pos, int n, int64_t C) {
+  const int k = blockIdx.x;
+  const int32_t id = sorted_ids[k];
+  if (k > 0 && sorted_ids[k - 1] == id) return;
   const int64_t c = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
   if (c >= C) return;
-  float* row = dwte + static_cast<int64_t>(ids[u]) * C + c;
+  float* row = dwte + static_cast<int64_t>(id) * C + c;
   float acc = *row;
-  for (int k = start[u]; k < start[u + 1]; ++k) acc += to_f32(dout[order[k] * C + c]);
+  for (int j = k; j < n && sorted_ids[j] == id; ++j) acc += to_f32(dout[sorted_pos[j] * C + c]);
   *row = acc;
+}
+
+__global__ void iota_kernel(int32_t* out, int n) {
+  const int stride = gridDim.x * blockDim.x;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) out[i] = i;
 }
 
 template <class T>
@@ -61,32 +71,41 @@ __global__ void embedding_backward_wpe_kernel(float* dwpe, const T* dout, int64_
   dwpe[i] = acc;
 }
 
-// The token positions grouped by id, each group in token order, as one int32 array:
-// [ids (n_used) | start (n_used + 1) | order (n)].
-struct TokenGroups {
-  std::vector<int32_t> packed;
-  int64_t n_used = 0;
+// The key bits a sort of ids in [0, vocab) must compare: enough for vocab - 1, at least one (so
+// the bit range is never empty), and never int32's sign bit (ids are non-negative), so CUB's
+// flip of that bit for signed keys does not enter the order.
+int id_bits(int64_t vocab) {
+  int bits = 1;
+  while (bits < 31 && (int64_t{1} << bits) < vocab) ++bits;
+  return bits;
+}
+
+// The token positions ordered by id; within one id in ascending (token) order.
+struct SortedTokens {
+  Tensor ids;        // [n] int32, ascending
+  Tensor positions;  // [n] int32
 };
 
-TokenGroups group_tokens(const int32_t* tokens, int64_t n) {
-  std::vector<int32_t> order(static_cast<size_t>(n));
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int32_t a, int32_t b) { return tokens[a] < tokens[b]; });
-  std::vector<int32_t> ids, start;
-  for (int64_t k = 0; k < n; ++k) {
-    if (k == 0 || tokens[order[k]] != tokens[order[k - 1]]) {
-      ids.push_back(tokens[order[k]]);
-      start.push_back(static_cast<int32_t>(k));
-    }
-  }
-  start.push_back(static_cast<int32_t>(n));
-  TokenGroups g;
-  g.n_used = static_cast<int64_t>(ids.size());
-  g.packed = ids;
-  g.packed.insert(g.packed.end(), start.begin(), start.end());
-  g.packed.insert(g.packed.end(), order.begin(), order.end());
-  return g;
+SortedTokens sort_by_id(const Tensor& dev_tokens, int n, int64_t vocab) {
+  constexpr int kThreads = 256;
+  Tensor positions = Tensor::empty({n}, DType::i32, Device::cuda);
+  iota_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(ptr<int32_t>(positions), n);
+  FT_CUDA_CHECK_LAUNCH();
+  SortedTokens s{Tensor::empty({n}, DType::i32, Device::cuda),
+                 Tensor::empty({n}, DType::i32, Device::cuda)};
+  const int end_bit = id_bits(vocab);
+  const auto sort = [&](void* temp, size_t& temp_bytes) {
+    return cub::DeviceRadixSort::SortPairs(temp, temp_bytes, ptr<int32_t>(dev_tokens),
+                                           ptr<int32_t>(s.ids), ptr<int32_t>(positions),
+                                           ptr<int32_t>(s.positions), n, 0, end_bit, stream());
+  };
+  size_t temp_bytes = 0;
+  FT_CUDA_CHECK(sort(nullptr, temp_bytes));  // only sizes the scratch; no device work
+  // Freed in stream order after the sort, like positions.
+  Tensor temp =
+      Tensor::empty({ceil_div(static_cast<int64_t>(temp_bytes), 4)}, DType::i32, Device::cuda);
+  FT_CUDA_CHECK(sort(temp.raw(), temp_bytes));
+  return s;
 }
 
 }  // namespace
@@ -121,17 +140,12 @@ void embedding_backward(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Te
   dispatch_cuda_float(dout.dtype(), "embedding_backward", [&](auto tag) {
     using T = decltype(tag);
     if (dwte.defined()) {
-      const TokenGroups g = group_tokens(host_tokens.data<int32_t>(), n);
-      Tensor groups =
-          Tensor::empty({static_cast<int64_t>(g.packed.size())}, DType::i32, Device::cuda);
-      // From pageable memory: returns once the host buffer has been staged, so g may go.
-      FT_CUDA_CHECK(cudaMemcpyAsync(groups.raw(), g.packed.data(), groups.nbytes(),
-                                    cudaMemcpyHostToDevice, stream()));
-      const int32_t* ids = ptr<int32_t>(groups);
-      const dim3 grid(static_cast<unsigned>(g.n_used),
-                      static_cast<unsigned>(ceil_div(C, kThreads)));
+      const SortedTokens sorted =
+          sort_by_id(on_device_i32(host_tokens), static_cast<int>(n), dwte.dim(0));
+      const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(ceil_div(C, kThreads)));
       embedding_backward_wte_kernel<T><<<grid, kThreads, 0, stream()>>>(
-          ptr<float>(dwte), ptr<T>(dout), ids, ids + g.n_used, ids + 2 * g.n_used + 1, C);
+          ptr<float>(dwte), ptr<T>(dout), ptr<int32_t>(sorted.ids), ptr<int32_t>(sorted.positions),
+          static_cast<int>(n), C);
       FT_CUDA_CHECK_LAUNCH();
     }
     if (dwpe.defined()) {

@@ -8,6 +8,7 @@
 // its pack or pair before writing it, so out may alias x.
 #include <vector>
 
+#include "core/cuda/graph.h"
 #include "nn/cuda/common.cuh"
 #include "nn/cuda/cuda_layers.h"
 
@@ -62,8 +63,7 @@ Tensor upload_f32(const Tensor& table64) {
   std::vector<float> host(static_cast<size_t>(table64.numel()));
   for (size_t k = 0; k < host.size(); ++k) host[k] = static_cast<float>(src[k]);
   Tensor t = Tensor::empty(table64.shape(), DType::f32, Device::cuda);
-  FT_CUDA_CHECK(
-      cudaMemcpyAsync(t.raw(), host.data(), t.nbytes(), cudaMemcpyHostToDevice, stream()));
+  ft::cuda::upload_constant(t.raw(), host.data(), t.nbytes());
   return t;
 }
 
