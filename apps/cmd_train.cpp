@@ -68,6 +68,7 @@ struct TrainFlags {
   train::TrainConfig config;
   std::string dtype = "fp32", device = "auto", attention = "naive", lr_schedule = "cosine";
   std::string recompute = "none";
+  std::string cuda_graph = "auto";
   std::string classifier_chunk = "auto";
   std::string dist = "auto", comm_dtype = "auto";
   std::string profile;  // --profile [STEP]: empty without a value
@@ -171,6 +172,7 @@ void run(TrainFlags& f) {
   c.device = resolve_device(f.device, launch.rank == 0 ? std::cout : null_out, &gpu);
   c.attention.impl = attention::parse_impl(f.attention);
   c.recompute = models::parse_recompute(f.recompute);
+  c.cuda_graph = train::parse_cuda_graph(f.cuda_graph);
   c.attention.qkv_in_place = !f.split_qkv;
   c.classifier_chunk = classifier_chunk_rows(f.classifier_chunk);
   FT_CHECK(c.attention.impl != attention::Impl::reference,
@@ -287,6 +289,14 @@ void add_train_command(CLI::App& app) {
                   "activations) or block (only each layer's input: backward re-runs the "
                   "layer's forward). The losses do not change; safe to change on --resume")
       ->check(CLI::IsMember({"none", "attention", "mlp", "block"}))
+      ->capture_default_str();
+  cmd->add_option("--cuda-graph", flags->cuda_graph,
+                  "Replay each step as one CUDA graph: the first step runs as usual, the second "
+                  "is captured (forward, backward, optimizer) and every later one replays it, "
+                  "without the host's launches between kernels. The losses do not change. auto: "
+                  "on a GPU unless the run is data-parallel or uses --doc-mask or --profile; on: "
+                  "an error where it cannot be used; off")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
   cmd->add_option("--classifier-chunk", flags->classifier_chunk,
                   "Rows of a micro-batch the classifier and the loss take at a time, so that the "

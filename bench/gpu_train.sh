@@ -45,6 +45,12 @@ run llama1b_bf16_flash \
 run llama1b_bf16_compile \
   "--model llama3-1b --batch-size 4 --seq-len 2048 --dtype bf16 --attention flash" \
   "--model llama3-1b --batch-size 4 --seq-len 2048 --dtype bf16 --attention sdpa --compile"
+# Every step run as usual (--cuda-graph off): what replaying the captured step (the default on
+# one GPU) saves, ours alone.
+run gpt2_bf16_b16_eager \
+  "--model gpt2 --batch-size 16 --seq-len 1024 --dtype bf16 --attention flash --cuda-graph off"
+run llama1b_bf16_eager \
+  "--model llama3-1b --batch-size 4 --seq-len 2048 --dtype bf16 --attention flash --cuda-graph off"
 # q, k, v copied out of the fused projection (--split-qkv): what reading them in place saves,
 # ours alone.
 run gpt2_bf16_b16_flash_split \

@@ -13,6 +13,7 @@
 #include "attention/kernel_config_file.h"
 #include "core/device.h"
 #include "core/error.h"
+#include "core/graph.h"
 #include "core/memory.h"
 #include "core/output_path.h"
 #include "dist/communicator.h"
@@ -274,6 +275,28 @@ ProfileFloors profile_floors_of(const TrainConfig& c) {
 
 }  // namespace
 
+TrainConfig::CudaGraph parse_cuda_graph(const std::string& name) {
+  if (name == "auto") return TrainConfig::CudaGraph::automatic;
+  if (name == "on") return TrainConfig::CudaGraph::on;
+  if (name == "off") return TrainConfig::CudaGraph::off;
+  throw Error(str("--cuda-graph takes auto, on or off, got '", name, "'"));
+}
+
+std::string cuda_graph_obstacle(const TrainConfig& c, bool distributed) {
+  const std::string unavailable = device_graph_unavailable(c.device);
+  if (!unavailable.empty()) return unavailable;
+  if (distributed) {
+    return "a data-parallel run reduces gradients between ranks during backward, which is not "
+           "captured";
+  }
+  if (c.doc_mask) {
+    return "--doc-mask forms each batch's document ids on the host, which a replay would not "
+           "redo";
+  }
+  if (c.profile_step >= 0) return "--profile times each op family of a step run as usual";
+  return "";
+}
+
 models::ModelConfig resolve_model_config(const TrainConfig& c) {
   if (!c.load_path.empty()) return models::read_checkpoint_config(c.load_path);
   return models::apply_overrides(models::preset(c.model), c.overrides);
@@ -301,6 +324,10 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
   const models::ModelConfig mc = resolve_model_config(c);
   check_config(c, mc, ranks);
   const models::AttentionSettings run_attention = attention_settings(c);
+  const std::string graph_obstacle = cuda_graph_obstacle(c, distributed);
+  FT_CHECK(c.cuda_graph != TrainConfig::CudaGraph::on || graph_obstacle.empty(),
+           "--cuda-graph on: ", graph_obstacle, " (use --cuda-graph auto or off)");
+  const bool graphs = c.cuda_graph != TrainConfig::CudaGraph::off && graph_obstacle.empty();
   FT_CHECK(c.zero_stage == 0 || distributed,
            "--zero 1 shards the optimizer state over the ranks of a data-parallel job; this run "
            "has none (start it with mpirun, or pass --dist mpi or nccl for a world of one)");
@@ -413,6 +440,18 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
       << "data:      " << c.train_data << " (" << train_loader.num_tokens() << " tokens)";
   if (val_loader) out << ", val " << c.val_data << " (" << val_loader->num_tokens() << " tokens)";
   out << "\n";
+  if (c.device == Device::cuda) {
+    out << "graph:     ";
+    if (graphs && c.steps > first_step) {
+      out << "step " << first_step + 1 << " is captured as a CUDA graph; later steps replay it\n";
+    } else if (graphs) {
+      out << "not used: the run has one step to go, which runs as usual\n";
+    } else if (c.cuda_graph == TrainConfig::CudaGraph::off) {
+      out << "off (--cuda-graph off)\n";
+    } else {
+      out << "not used: " << graph_obstacle << "\n";
+    }
+  }
   if (resumed) {
     out << "resumed:   from " << c.resume_path << " after step " << first_step - 1 << "\n";
     for (const std::string& change : resume_changes) out << "           " << change << "\n";
@@ -455,6 +494,7 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
                                 {"global_every", c.attention.global_every},
                                 {"doc_mask", c.doc_mask},
                                 {"recompute", models::recompute_name(c.recompute)},
+                                {"cuda_graph", graphs},
                                 {"classifier_chunk", classifier_chunk},
                                 {"batch_size", c.batch_size},
                                 {"seq_len", c.seq_len},
@@ -510,34 +550,86 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
   auto log_failure = [&](const char* kind, const char* message) {
     log.write({{"event", "error"}, {"step", step}, {"kind", kind}, {"message", message}});
   };
+  // With graphs: the step after the first is captured (its allocations, caches and the moments
+  // exist by then) and replayed at once; each later step writes its micro-batches and step
+  // values into the page-locked tensors the graph copies from, and replays it. What the
+  // captured work created and kept (each micro-batch's losses, the norm) is what every replay
+  // writes. The inputs are rewritten only after the last step's losses have been read: the
+  // device is done with them by then.
+  const double loss_scale = 1.0 / static_cast<double>(accum);
+  DeviceGraph graph;
+  std::vector<Tensor> graph_x, graph_y, graph_pending(static_cast<size_t>(rank_accum));
+  OptimizerStep graph_update;
+  if (graphs) {
+    dp.pin_step_values();
+    for (int64_t micro = 0; micro < rank_accum; ++micro) {
+      graph_x.push_back(Tensor::empty_pinned({c.batch_size, c.seq_len}, DType::i32));
+      graph_y.push_back(Tensor::empty_pinned({c.batch_size, c.seq_len}, DType::i32));
+    }
+  }
+  auto replay_step = [&](int64_t at, double lr) {
+    for (int64_t micro = 0; micro < rank_accum; ++micro) {
+      train_loader.next_batch(x, y);  // one rank: every micro-batch is this rank's
+      graph_x[static_cast<size_t>(micro)].copy_from(x);
+      graph_y[static_cast<size_t>(micro)].copy_from(y);
+    }
+    dp.set_step(at, lr);
+    if (!graph.captured()) {
+      const auto t = Clock::now();
+      graph = DeviceGraph::capture(c.device, [&] {
+        model.zero_grad();
+        for (size_t micro = 0; micro < graph_x.size(); ++micro) {
+          graph_pending[micro] =
+              model.forward_train_deferred(graph_x[micro], graph_y[micro], loss_scale, Tensor());
+          model.backward(loss_scale, models::GradientReady());
+        }
+        graph_update = dp.step(at, lr);
+      });
+      // The graph's memory is its own: the pool's spare memory (with the first step's
+      // activations, freed as the capture replaced them) goes back before the graph takes it.
+      release_cached_memory(c.device);
+      out << "graph:     step " << at << " captured: " << graph.node_count() << " nodes in "
+          << elapsed_ms(t) << " ms\n";
+    }
+    graph.replay();
+  };
+  // Steps that warm up (the first; with graphs also the captured one) are not timed.
+  const int64_t warmup_steps = graphs ? 2 : 1;
+
   try {
     for (; step <= c.steps; ++step) {
       reset_peak_memory(c.device);
       if (profile) profile->begin_step(step, step == profile_at);
       const auto t0 = Clock::now();
+      const double lr = schedule.lr(step);
       models::ProfileRegion region(profile.get(), models::OpFamily::zero_grad,
                                    static_cast<double>(model.flat_grads().nbytes()));
-      model.zero_grad();
       // Each micro-batch's losses stay on the device until the step's end: one wait per step.
       std::vector<Tensor> pending(static_cast<size_t>(rank_accum));
-      for (int64_t micro = 0; micro < rank_accum; ++micro) {
-        region.enter(models::OpFamily::data,
-                     2.0 * static_cast<double>(c.batch_size * c.seq_len * sizeof(int32_t)));
-        train_loader.skip(rank);  // the micro-batches of the ranks before this one
-        train_loader.next_batch(x, y);
-        train_loader.skip(ranks - 1 - rank);
-        const Tensor segments = segments_for(x, eot);
-        region.leave();
-        // Segment ids go in on the CPU; the model copies them to its device once per forward.
-        const double loss_scale = 1.0 / static_cast<double>(accum);
-        pending[static_cast<size_t>(micro)] =
-            model.forward_train_deferred(x, y, loss_scale, segments);
-        // The last backward queues each gradient bucket as soon as it is complete.
-        const bool last = micro + 1 == rank_accum;
-        model.backward(loss_scale, last ? dp.gradient_ready() : models::GradientReady());
+      OptimizerStep update;
+      if (graphs && step > first_step) {
+        replay_step(step, lr);
+        pending = graph_pending;
+        update = graph_update;
+      } else {
+        model.zero_grad();
+        for (int64_t micro = 0; micro < rank_accum; ++micro) {
+          region.enter(models::OpFamily::data,
+                       2.0 * static_cast<double>(c.batch_size * c.seq_len * sizeof(int32_t)));
+          train_loader.skip(rank);  // the micro-batches of the ranks before this one
+          train_loader.next_batch(x, y);
+          train_loader.skip(ranks - 1 - rank);
+          const Tensor segments = segments_for(x, eot);
+          region.leave();
+          // Segment ids go in on the CPU; the model copies them to its device once per forward.
+          pending[static_cast<size_t>(micro)] =
+              model.forward_train_deferred(x, y, loss_scale, segments);
+          // The last backward queues each gradient bucket as soon as it is complete.
+          const bool last = micro + 1 == rank_accum;
+          model.backward(loss_scale, last ? dp.gradient_ready() : models::GradientReady());
+        }
+        update = dp.step(step, lr);
       }
-      const double lr = schedule.lr(step);
-      const OptimizerStep update = dp.step(step, lr);
       region.enter(models::OpFamily::classifier_loss,
                    static_cast<double>(rank_accum * c.batch_size * c.seq_len * sizeof(float)));
       std::vector<double> losses(pending.size());
@@ -580,7 +672,7 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
                 static_cast<double>(c.steps - step);
       r.tokens_seen = step * tokens_per_step;
       if (distributed) r.ranks = shares.ranks;
-      if (step > first_step || c.steps == first_step) {
+      if (step - first_step >= warmup_steps || (step == c.steps && timed_steps == 0)) {
         timed_ms += ms;
         ++timed_steps;
       }

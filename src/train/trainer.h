@@ -79,6 +79,12 @@ struct TrainConfig {
   // table is printed at the end and written to the log as {"event": "profile"}; every step
   // then also carries NVTX ranges for Nsight. Profiling changes no loss.
   int64_t profile_step = -1;
+  // CUDA graphs (core/cuda/graph.h): the run's first step runs as usual, the next is captured
+  // (forward, backward and optimizer of every micro-batch) and each later step replays it: one
+  // launch instead of hundreds. The losses do not change, bit for bit. automatic: wherever the
+  // run allows it (cuda_graph_obstacle says where not); on: an error where it does not.
+  enum class CudaGraph { automatic, on, off };
+  CudaGraph cuda_graph = CudaGraph::automatic;
   // Set (by a signal handler, say) to stop after the current step: the run saves (with
   // save_path), writes its summary and an {"event": "interrupted"} log line, and returns with
   // TrainSummary::interrupted.
@@ -107,6 +113,11 @@ struct TrainSummary {
 
 // Runs training, printing the per-step lines and the closing summary to out.
 TrainSummary train(const TrainConfig& config, std::ostream& out);
+
+// --cuda-graph's values: auto, on, off.
+TrainConfig::CudaGraph parse_cuda_graph(const std::string& name);
+// Why this run's steps cannot be replayed by a CUDA graph ("" when they can).
+std::string cuda_graph_obstacle(const TrainConfig& config, bool distributed);
 
 // The model that train() builds for a config (preset + overrides, or a checkpoint's header).
 models::ModelConfig resolve_model_config(const TrainConfig& config);

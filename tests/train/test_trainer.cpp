@@ -341,6 +341,9 @@ TEST(TrainCli, BadInputGivesClearErrors) {
   expect_cli_error("--vocab 1000 --steps 1", "token id");
   expect_cli_error("--train-data data/missing.bin --steps 1", "data/missing.bin");
   if (cuda_device_count() == 0) expect_cli_error("--device cuda --steps 1", "--device cuda");
+  expect_cli_error("--device cpu --cuda-graph on --steps 1",
+                   "--cuda-graph on: graphs replay GPU work");
+  expect_cli_error("--cuda-graph sometimes --steps 1", "--cuda-graph");
   expect_cli_error("--load data/tinyshakespeare_val.bin --steps 1", "magic");
   expect_cli_error("--heads 5 --steps 1", "heads");
   expect_cli_error("--steps 0", "steps must be >= 1");
