@@ -9,7 +9,8 @@
 #
 # TRAIN_ARGS: the model and shape (default GPT-2's); the run adds --device cuda --dtype bf16
 # --attention flash --steps 2 (DTYPE, ATTENTION override the two). NCU_ARGS (default
-# --clock-control none: the clocks as the card runs them). Kernels run one at a time under
+# --clock-control none: the clocks as the card runs them). The steps run without the CUDA graph
+# (the same kernels; ncu then sees each launch). Kernels run one at a time under
 # Nsight Compute: the census is kernel time, not the step's wall time. A GPT-2 step of ~450
 # launches takes about a minute.
 set -uo pipefail
@@ -23,7 +24,7 @@ tag="${TAG:-gpt2}"
 ncu ${NCU_ARGS:---clock-control none} --csv \
   --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
   --log-file "$out/census_$tag.csv" build-gpu/carry/flashtrain train --device cuda --val-data '' \
-  --sample-tokens 0 --steps 2 --warmup 1 --lr 1e-4 --dtype "${DTYPE:-bf16}" \
+  --sample-tokens 0 --steps 2 --warmup 1 --lr 1e-4 --cuda-graph off --dtype "${DTYPE:-bf16}" \
   --attention "${ATTENTION:-flash}" ${TRAIN_ARGS:---model gpt2 --batch-size 16 --seq-len 1024} \
   >"$out/census_${tag}_run.log" 2>&1 || { echo "ncu failed: $out/census_${tag}_run.log"; exit 1; }
 python3 bench/kernel_census.py "$out/census_$tag.csv" | tee "$out/census_$tag.txt"

@@ -26,9 +26,10 @@ export NCCL_NVLS_ENABLE=0
   GPU_TESTS="test_models" GTEST_FILTER='*Cuda*:*Packed*' scripts/gpu_check.sh
   GPU_TESTS="test_train" GTEST_FILTER='*Profile*:*Gpu*:*Cuda*' scripts/gpu_check.sh
   compute-sanitizer --tool memcheck --error-exitcode 9 build-gpu/carry/test_nn \
-    --gtest_filter='*CudaFusedNorms*:*CudaLayers*:*CudaLinear*:*CudaAdamW*' 2>&1 | tail -3
+    --gtest_filter='*CudaFusedNorms*:*CudaLayers*:*CudaLinear*:*CudaAdamW*' 2>&1 |
+    grep -E "FAILED  \]|ERROR SUMMARY" | tail -4
   compute-sanitizer --tool memcheck --error-exitcode 9 build-gpu/carry/test_core \
-    --gtest_filter='*CudaGraph*' 2>&1 | tail -3
+    --gtest_filter='*CudaGraph*' 2>&1 | grep -E "FAILED  \]|ERROR SUMMARY" | tail -4
 } >"$OUT/tests.txt" 2>&1
 grep -h "exit\|FAILED\|ERROR SUMMARY" "$OUT/tests.txt"
 STEPS="${STEPS:-20}" RUNS="${ROWS:-gpt2_bf16_b16_compile llama1b_bf16_compile}" \

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "core/device.h"
 #include "core/memory.h"
 
 #ifdef FLASHTRAIN_WITH_CUDA
@@ -121,6 +122,11 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
 
 Tensor Tensor::empty_pinned(const Shape& shape, DType dtype) {
   for (int64_t d : shape) FT_CHECK(d >= 0, "negative dimension in shape ", shape_str(shape));
+#ifdef FLASHTRAIN_WITH_CUDA
+  // Page-locked memory comes from the CUDA backend: set it up first where there is a GPU, or
+  // a pinned tensor made before any CUDA tensor would silently be pageable.
+  if (cuda_device_count() > 0) cuda::ensure_device_ready();
+#endif
   Tensor t;
   t.shape_ = shape;
   t.dtype_ = dtype;

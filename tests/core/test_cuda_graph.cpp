@@ -46,7 +46,9 @@ void expect_error(F&& f, const std::string& needle) {
   }
 }
 
-// A copy from page-locked memory reads it when the replay runs: the graph's input.
+// A copy from page-locked memory reads it when the replay runs: the graph's input. The pinned
+// tensor is made first, before any CUDA tensor: it must still be page-locked (run alone, under
+// compute-sanitizer, it was not, before empty_pinned set up the GPU itself).
 TEST(CudaGraph, ReplaysReadPageLockedInputsAsTheyAreThen) {
   SKIP_WITHOUT_GPU();
   Tensor input = Tensor::empty_pinned({1000}, DType::f32);

@@ -5,6 +5,8 @@
 
 #include <cuda_runtime.h>
 
+#include "core/cuda/graph.h"
+
 #include <unordered_set>
 #include <vector>
 
@@ -19,10 +21,6 @@ struct CaptureState {
 
 // This thread's capture, or null when it is not capturing.
 CaptureState* capture_state();
-
-// The stream the work being queued will run on: the captured graph's replay stream during a
-// capture (per-stream resources, such as cuBLASLt's workspace, follow it), else current_stream().
-cudaStream_t execution_stream();
 
 // A capture that failed leaves tensors pointing at allocations of a graph that never existed:
 // freeing one of them later does nothing (forget_failed_capture records them; the allocator's

@@ -56,6 +56,11 @@ class Graph {
 // True while this thread's current stream is being captured.
 bool capturing();
 
+// The stream the work being queued will run on: during a capture the stream the graph replays
+// on (per-stream resources, such as cuBLASLt's workspace, follow it, so the graph uses those
+// of its replay stream and makes none of its own), else current_stream().
+cudaStream_t execution_stream();
+
 // Copies nbytes of host memory to the device on current_stream(): a table that is a constant of
 // the work being queued (device pointers, sizes). The host buffer may go once this returns.
 // Inside a capture its bytes go to page-locked memory that the graph keeps and copies from at

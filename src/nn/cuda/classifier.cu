@@ -12,7 +12,11 @@
 // the passes (two blocks per multiprocessor; 1.67-1.75 ms a GPT-2 step against 1.51), and four
 // packs per thread loaded before the first is used (1.73 ms). Both moved fewer DRAM bytes and
 // took longer: this kernel is not bound by its bytes alone (an ncu run should say by what).
+// Pass 2 reads and writes with the evict-first hint (below): 1.643-1.676 ms against 1.704-1.740
+// without in the same call (GPT-2 16 x 1024, the profile's classifier row); capping the blocks
+// per multiprocessor at three or two (so the rows in flight fit L2) was slower (1.79, 2.07).
 #include <cfloat>
+#include <cstring>
 
 #include "nn/cuda/common.cuh"
 #include "nn/cuda/cuda_layers.h"
@@ -58,6 +62,34 @@ __device__ MaxSum block_max_sum(MaxSum v) {
   return v;
 }
 
+// Pass 2's accesses are the last of the row: its loads and the dlogits stores go with the
+// evict-first hint (ld/st.global.cs), so that they do not push out of L2 the rows that other
+// resident blocks have yet to read a second time (four blocks of 512 threads per multiprocessor
+// hold ~53 MB of GPT-2 rows against 50 MB of L2).
+template <class T, int W>
+__device__ __forceinline__ Pack<T, W> load_last_use(const T* p) {
+  static_assert(sizeof(Pack<T, W>) == 16 || W == 1);
+  if constexpr (sizeof(Pack<T, W>) == 16) {
+    const uint4 bits = __ldcs(reinterpret_cast<const uint4*>(p));
+    Pack<T, W> r;
+    memcpy(&r, &bits, 16);
+    return r;
+  } else {
+    return load_pack<T, W>(p);
+  }
+}
+
+template <class T, int W>
+__device__ __forceinline__ void store_streaming(T* p, const Pack<T, W>& x) {
+  if constexpr (sizeof(Pack<T, W>) == 16) {
+    uint4 bits;
+    memcpy(&bits, &x, 16);
+    __stcs(reinterpret_cast<uint4*>(p), bits);
+  } else {
+    store_pack<T, W>(p, x);
+  }
+}
+
 template <class T, int W>
 __global__ void cross_entropy_kernel(float* losses, T* dlogits, const T* logits,
                                      const int32_t* targets, int64_t Vp, int64_t V, float dloss) {
@@ -90,7 +122,7 @@ __global__ void cross_entropy_kernel(float* losses, T* dlogits, const T* logits,
   const float scale = dloss / row_stats.sum;
   for (int64_t p = threadIdx.x; p * W < Vp; p += blockDim.x) {
     Pack<T, W> xp{};
-    if (p * W < V) xp = load_pack<T, W>(x + p * W);
+    if (p * W < V) xp = load_last_use<T, W>(x + p * W);
     Pack<T, W> dp;
 #pragma unroll
     for (int k = 0; k < W; ++k) {
@@ -102,7 +134,7 @@ __global__ void cross_entropy_kernel(float* losses, T* dlogits, const T* logits,
       }
       dp.v[k] = from_f32<T>(g);
     }
-    store_pack<T, W>(d + p * W, dp);
+    store_streaming<T, W>(d + p * W, dp);
   }
 }
 

@@ -182,8 +182,8 @@ void launch_map(T* out, const T* a, const T* b, int64_t n, Op op) {
 constexpr int kPartLanes = 16;
 
 template <class Acc>
-__global__ void add_column_partials_kernel(Acc* out, const Acc* partial, int64_t parts,
-                                           int64_t cols) {
+__device__ __forceinline__ void add_partials_of_block(Acc* out, const Acc* partial, int64_t parts,
+                                                      int64_t cols) {
   __shared__ Acc lanes[kPartLanes][33];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   Acc sum = 0;
@@ -200,13 +200,32 @@ __global__ void add_column_partials_kernel(Acc* out, const Acc* partial, int64_t
   }
 }
 
-// out (may be null: nothing to do) += the column sums of partial [parts, cols], in a fixed order.
+// Two reductions of the same shape in one launch (blockIdx.y picks one): a norm's weight and
+// bias gradients.
 template <class Acc>
-void add_column_partials(Acc* out, const Acc* partial, int64_t parts, int64_t cols) {
+__global__ void add_column_partials_kernel(Acc* out0, const Acc* partial0, Acc* out1,
+                                           const Acc* partial1, int64_t parts, int64_t cols) {
+  if (blockIdx.y == 0) {
+    add_partials_of_block(out0, partial0, parts, cols);
+  } else {
+    add_partials_of_block(out1, partial1, parts, cols);
+  }
+}
+
+// out (may be null: nothing to do) += the column sums of partial [parts, cols], in a fixed
+// order; with out1 (may be null), also out1 += those of partial1, in the same launch.
+template <class Acc>
+void add_column_partials(Acc* out, const Acc* partial, int64_t parts, int64_t cols,
+                         Acc* out1 = nullptr, const Acc* partial1 = nullptr) {
+  if (out == nullptr) {
+    out = out1;
+    partial = partial1;
+    out1 = nullptr;
+  }
   if (out == nullptr || cols == 0) return;
+  const dim3 grid(static_cast<unsigned>(ceil_div(cols, 32)), out1 != nullptr ? 2 : 1);
   add_column_partials_kernel<Acc>
-      <<<static_cast<unsigned>(ceil_div(cols, 32)), dim3(32, kPartLanes), 0, stream()>>>(
-          out, partial, parts, cols);
+      <<<grid, dim3(32, kPartLanes), 0, stream()>>>(out, partial, out1, partial1, parts, cols);
   FT_CUDA_CHECK_LAUNCH();
 }
 

@@ -40,18 +40,30 @@ __global__ void embedding_forward_kernel(T* out, const int32_t* tokens, const T*
 
 // Block (k, chunk): sorted position k. Only the head of an id's run works, so every dwte row
 // has one writer per column; a grid of one block per token (not per distinct id) keeps its size
-// independent of the token values.
+// independent of the token values. The head first finds where its run ends, a block-wide
+// window at a time (the ids are sorted, so the run's positions are a prefix of each window),
+// so that the additions then walk known bounds: their loads are independent of the ids and
+// overlap (a walk that tested each next id before its add chained three loads per token, 589
+// us a GPT-2 step against 179 for bounds known in advance).
 template <class T>
 __global__ void embedding_backward_wte_kernel(float* dwte, const T* dout, const int32_t* sorted_ids,
                                               const int32_t* sorted_pos, int n, int64_t C) {
   const int k = blockIdx.x;
   const int32_t id = sorted_ids[k];
-  if (k > 0 && sorted_ids[k - 1] == id) return;
+  if (k > 0 && sorted_ids[k - 1] == id) return;  // the whole block: not a run's head
+  int end = k;
+  for (;;) {
+    const int j = end + static_cast<int>(threadIdx.x);
+    const int same = __syncthreads_count(j < n && sorted_ids[j] == id);
+    end += same;
+    if (same < static_cast<int>(blockDim.x)) break;
+  }
   const int64_t c = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
   if (c >= C) return;
   float* row = dwte + static_cast<int64_t>(id) * C + c;
   float acc = *row;
-  for (int j = k; j < n && sorted_ids[j] == id; ++j) acc += to_f32(dout[sorted_pos[j] * C + c]);
+#pragma unroll 4
+  for (int j = k; j < end; ++j) acc += to_f32(dout[static_cast<int64_t>(sorted_pos[j]) * C + c]);
   *row = acc;
 }
 

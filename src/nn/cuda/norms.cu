@@ -204,10 +204,9 @@ __global__ void norm_param_partial_kernel(float* partial, const T* dout, const T
 }
 
 // Stage 2: dw[c] += the sum over chunks of the dw partials, db[c] the same with the db part
-// (add_column_partials in common.cuh: a fixed order).
+// (add_column_partials in common.cuh: a fixed order), both in one launch.
 void finish_param_grads(float* dw, float* db, const float* partial, int C, int n_chunks) {
-  add_column_partials(dw, partial, n_chunks, C);
-  add_column_partials(db, partial + static_cast<int64_t>(n_chunks) * C, n_chunks, C);
+  add_column_partials(dw, partial, n_chunks, C, db, partial + static_cast<int64_t>(n_chunks) * C);
 }
 
 // ---- rows held in registers ----
