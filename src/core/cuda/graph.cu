@@ -25,13 +25,13 @@ void clean_up_failed_capture(CaptureState& state, cudaStream_t outer) {
   forget_failed_capture(state.allocated);
 }
 
-// Ends a capture that failed, dropping the partial graph; returns the driver's verdict.
-cudaError_t abandon_capture(cudaStream_t stream) {
+// Ends a capture that failed, dropping the partial graph (the work's own error is the one
+// reported).
+void abandon_capture(cudaStream_t stream) {
   cudaGraph_t partial = nullptr;
-  const cudaError_t err = cudaStreamEndCapture(stream, &partial);
+  cudaStreamEndCapture(stream, &partial);
   if (partial != nullptr) cudaGraphDestroy(partial);
   cudaGetLastError();  // a refused capture leaves its error pending
-  return err;
 }
 
 }  // namespace
