@@ -133,7 +133,7 @@ static_assert(tma_plans_distinct(), "a TMA forward plan is listed twice");
 struct TmaBackwardPlan {
   int head_dim = 0;
   int block_m = 0;  // query rows of a step: 64
-  int block_n = 0;  // keys of a block: 64 per consumer warpgroup
+  int block_n = 0;  // keys of a block: 64 per consumer warpgroup, two or three groups
   int stages = 0;   // ring slots of Q, dO, lse and D
   bool compiled_by_default = false;
 
@@ -151,7 +151,13 @@ struct TmaBackwardPlan {
   constexpr int64_t ds_bytes() const { return 2 * int64_t{block_n} * block_m * 2; }
   // One consumer's fp32 dQ part.
   constexpr int64_t dq_tile_bytes() const { return int64_t{block_m} * dq_columns() * 4; }
-  static constexpr int64_t barrier_bytes() { return 256; }
+  // The mbarriers (K and V; full and empty per ring slot; full and empty per dQ staging tile)
+  // and the step records (one per ring slot, one per staging tile), in 128-byte units.
+  constexpr int64_t barrier_bytes() const {
+    const int64_t bytes =
+        8 * (1 + 2 * stages + 4 * consumer_groups()) + 16 * (stages + 2 * consumer_groups());
+    return (bytes + 127) / 128 * 128;
+  }
   static constexpr int64_t align_slack() { return 1024; }
   constexpr int64_t bytes_with_dq_slots(int slots) const {
     return kv_bytes() + stages * stage_bytes() + ds_bytes() +
@@ -166,7 +172,8 @@ struct TmaBackwardPlan {
                ? 248
                : (kSm90RegistersPerSm / threads()) / 8 * 8;
   }
-  constexpr int producer_registers() const { return consumer_groups() == 2 ? 24 : 56; }
+  // The producer warpgroup (copies, lse and D, the dQ writer) runs on 24 registers.
+  constexpr int producer_registers() const { return 24; }
   constexpr int consumer_registers() const {
     const int r = ((launch_registers() * threads() - 128 * producer_registers()) /
                    (128 * consumer_groups())) /
@@ -181,9 +188,11 @@ struct TmaBackwardPlan {
 };
 
 // {head_dim, block_m, block_n, stages, compiled_by_default}. FlashAttention-3's backward runs
-// 64 query rows against 128 keys (two consumer warpgroups) at head dims 64 and 128.
+// 64 query rows against 128 keys (two consumer warpgroups) at head dims 64 and 128; at head dim
+// 64 a third consumer group (192 keys) fits beside them (160 registers each, docs/PERF.md b5).
 inline constexpr TmaBackwardPlan kTmaBackwardPlans[] = {
     {64, 64, 128, 2, true},
+    {64, 64, 192, 2, true},
     {128, 64, 128, 2, true},
 };
 inline constexpr int kTmaBackwardPlanCount =
@@ -192,12 +201,14 @@ inline constexpr int kTmaBackwardPlanCount =
 constexpr const char* tma_backward_plan_defect(const TmaBackwardPlan& p) {
   if (p.head_dim != 64 && p.head_dim != 128) return "head dim 64 or 128";
   if (p.block_m != 64) return "query tiles of 64 rows";
-  if (p.block_n != 128) return "two consumer warpgroups (128 keys)";
+  if (p.block_n != 128 && p.block_n != 192)
+    return "two or three consumer warpgroups (128 or 192 keys)";
   if (p.stages < 1 || p.stages > 3) return "1 to 3 stages";
   if (p.smem_bytes() > kSm90SmemPerBlock) return "shared memory over sm90's limit";
-  // dK and dV (head_dim / 2 floats each), S^T and dP^T (block_m / 2 each) and about 40
-  // registers of addresses, lse and loop state.
-  if (p.head_dim + p.block_m + 40 > p.consumer_registers()) {
+  // dK and dV (head_dim / 2 floats each), S^T and dP^T (block_m / 2 each) and about 32
+  // registers of addresses, lse and loop state (ptxas, 64x192 at head dim 64: 160 registers,
+  // one loop-invariant value spilled and reloaded once per step).
+  if (p.head_dim + p.block_m + 32 > p.consumer_registers()) {
     return "accumulators exceed the consumer registers";
   }
   return nullptr;

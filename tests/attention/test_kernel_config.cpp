@@ -142,11 +142,14 @@ TEST(KernelConfig, TmaBackwardPlansAndReasons) {
     EXPECT_EQ(find_tma_backward_plan(tile, plan.head_dim), &plan);
     EXPECT_EQ(backward_smem_bytes(tile, BackwardPath::tma, plan.head_dim), plan.smem_bytes());
     EXPECT_LE(plan.smem_bytes(), sm90.max_smem_per_block);
-    // K and V, Q, dO, lse and D per stage, two dS^T buffers, two fp32 dQ staging tiles per
-    // consumer, barriers and the alignment slack.
-    const int64_t d = plan.head_dim;
+    // K and V, Q, dO, lse and D per stage, two dS^T buffers, two fp32 dQ staging tiles of 64 x
+    // 64 per consumer, barriers and records (256 bytes for two consumers, 384 for three) and the
+    // alignment slack.
+    const int64_t d = plan.head_dim, groups = plan.block_n / 64;
+    EXPECT_EQ(plan.consumer_groups(), groups);
     EXPECT_EQ(plan.smem_bytes(), 4 * d * plan.block_n + plan.stages * (4 * d * 64 + 8 * 64) +
-                                     4 * plan.block_n * 64 + 2 * 2 * 64 * 64 * 4 + 256 + 1024);
+                                     4 * plan.block_n * 64 + 2 * groups * 64 * 64 * 4 +
+                                     (groups == 2 ? 256 : 384) + 1024);
   }
   const Problem p = bf16_problem(128);
   EXPECT_EQ(can_implement(c, p, sm90), "");
@@ -330,7 +333,7 @@ TEST(KernelConfig, DefaultsDependOnTheMaskClass) {
   EXPECT_EQ(mask_class_of(p.mask), MaskClass::dense);
   EXPECT_EQ(default_config(sm90, p).str(), "fwd=128x128/384/tma/s2/pp bwd=64x128/384/tma");
   EXPECT_EQ(default_config(sm90, 64, MaskClass::dense).str(),
-            "fwd=128x128/384/tma/s2/pp bwd=64x128/384/tma");
+            "fwd=128x128/384/tma/s2/pp bwd=64x192/512/tma");
   EXPECT_EQ(default_config(sm90, 256, MaskClass::dense).str(),
             "fwd=128x64/384/tma/s2/pp bwd=64x128/256/wgmma")
       << "head dim 256: the tma forward (no backward kernel runs it)";
@@ -364,9 +367,9 @@ TEST(KernelConfig, Sm90HeadDim64DefaultsDependOnTheSequenceLength) {
   const DeviceLimits sm90 = DeviceLimits::for_arch("sm90");
   Problem p = bf16_problem(64);
   p.seq_len = kLongSeqLen - 1;
-  EXPECT_EQ(default_config(sm90, p).str(), "fwd=128x128/384/tma/s2/pp bwd=64x128/384/tma");
+  EXPECT_EQ(default_config(sm90, p).str(), "fwd=128x128/384/tma/s2/pp bwd=64x192/512/tma");
   p.seq_len = kLongSeqLen;
-  EXPECT_EQ(default_config(sm90, p).str(), "fwd=192x128/512/tma/s2/pp bwd=64x128/384/tma");
+  EXPECT_EQ(default_config(sm90, p).str(), "fwd=192x128/512/tma/s2/pp bwd=64x192/512/tma");
   EXPECT_EQ(default_config(sm90, 64, MaskClass::dense, 32768), default_config(sm90, p));
   EXPECT_EQ(default_config(sm90, 64, MaskClass::dense),
             default_config(sm90, 64, MaskClass::dense, 1));

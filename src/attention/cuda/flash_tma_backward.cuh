@@ -7,7 +7,8 @@
 //   - a producer warpgroup that gives most of its registers away; one warp of it loads K and V
 //     once, then per step Q and dO by TMA and lse and D by plain loads into a ring of `stages`
 //     slots, with the step's query head, rows and mask cover; a last slot with no head ends;
-//   - two consumer warpgroups, 64 keys each, whose dK and dV stay in registers over all steps.
+//   - two or three consumer warpgroups (the plan's block_n / 64), 64 keys each, whose dK and dV
+//     stay in registers over all steps.
 // A consumer's step: S^T = K Q^T and dP^T = V dO^T (shared-memory products; P^T is computed
 // while dP^T runs), dS^T = P^T (dP^T - D), dS^T into shared memory (two buffers; where the groups
 // split dQ's columns the other group reads it too), then dQ = dS K from shared memory and
@@ -88,10 +89,9 @@ struct BackwardSmem {
   static constexpr int64_t kInfo = kBarriers + 8 * kBarrierCount;
   static constexpr int64_t kDqInfo = kInfo + 16 * P.stages;
   static_assert(P.dq_slots() == 2, "two dQ staging tiles per consumer");
-  static_assert(kDqInfo + 16 * 2 * kGroups <= kBarriers + TmaBackwardPlan::barrier_bytes(),
+  static_assert(kDqInfo + 16 * 2 * kGroups <= kBarriers + P.barrier_bytes(),
                 "barriers and step records fit");
-  static_assert(kBarriers + TmaBackwardPlan::barrier_bytes() + TmaBackwardPlan::align_slack() ==
-                    P.smem_bytes(),
+  static_assert(kBarriers + P.barrier_bytes() + TmaBackwardPlan::align_slack() == P.smem_bytes(),
                 "the kernel's layout is the plan's byte count");
   static_assert(kQ % 1024 == 0 && kDo % 1024 == 0 && kDs % 1024 == 0 && kDq % 1024 == 0 &&
                     kDqTile % 1024 == 0,
