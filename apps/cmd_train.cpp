@@ -276,6 +276,11 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--global-every", c.attention.global_every,
                   "With --window: every N-th layer attends fully (0: none)")
       ->capture_default_str();
+  cmd->add_flag("--gemm-tune", c.gemm_tune,
+                "GPU: on the first call of each matrix-product shape, time a few of cuBLASLt's "
+                "algorithms and keep the fastest for the run (default: cuBLASLt's heuristic "
+                "choice, the same in every run; tuned runs may differ from each other in the "
+                "last bits, so not with --deterministic)");
   cmd->add_flag("--deterministic", c.attention.deterministic,
                 "Attention backward with bit-identical results on every run (the GPU's bf16 "
                 "flash backward then adds its dQ parts in a fixed order: the tma path, sm90)");

@@ -51,6 +51,11 @@ run gpt2_bf16_b16_eager \
   "--model gpt2 --batch-size 16 --seq-len 1024 --dtype bf16 --attention flash --cuda-graph off"
 run llama1b_bf16_eager \
   "--model llama3-1b --batch-size 4 --seq-len 2048 --dtype bf16 --attention flash --cuda-graph off"
+# GEMM algorithms chosen by timing (--gemm-tune), ours alone.
+run gpt2_bf16_b16_tuned \
+  "--model gpt2 --batch-size 16 --seq-len 1024 --dtype bf16 --attention flash --gemm-tune"
+run llama1b_bf16_tuned \
+  "--model llama3-1b --batch-size 4 --seq-len 2048 --dtype bf16 --attention flash --gemm-tune"
 # q, k, v copied out of the fused projection (--split-qkv): what reading them in place saves,
 # ours alone.
 run gpt2_bf16_b16_flash_split \

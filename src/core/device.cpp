@@ -98,6 +98,10 @@ void set_tf32(bool allow) {
   cuda::allow_tf32(allow);
 }
 
+void set_gemm_tuning(bool on) {
+  cuda::set_gemm_tuning(on);
+}
+
 bool cuda_training_supported() {
   return true;
 }
@@ -142,6 +146,10 @@ int cuda_sm_count(int) {
 
 void set_tf32(bool allow) {
   FT_CHECK(!allow, "--tf32 needs a flashtrain built with CUDA");
+}
+
+void set_gemm_tuning(bool on) {
+  FT_CHECK(!on, "--gemm-tune needs a flashtrain built with CUDA");
 }
 
 bool cuda_training_supported() {

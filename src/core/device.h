@@ -30,6 +30,9 @@ int cuda_sm_count(int device);
 // fp32 GEMMs on the GPU use TF32 tensor cores only when allowed (off by default: fp32 mode is
 // true fp32).
 void set_tf32(bool allow);
+// Matrix products on the GPU time a few of cuBLASLt's algorithms on each problem's first call and
+// keep the fastest (core/cuda/gemm.h: two runs may then differ in the last bits); off by default.
+void set_gemm_tuning(bool on);
 // Waits for the device's queued work (a no-op on the CPU).
 void synchronize(Device device);
 

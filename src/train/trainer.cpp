@@ -117,6 +117,11 @@ void check_config(const TrainConfig& c, const models::ModelConfig& m, int ranks)
            c.attention.global_every);
   FT_CHECK(c.dtype == DType::f32 || c.dtype == DType::bf16, "dtype must be fp32 or bf16, got ",
            dtype_name(c.dtype));
+  FT_CHECK(!c.gemm_tune || !c.attention.deterministic,
+           "--gemm-tune picks matrix-product algorithms by timing them, so two runs may differ in "
+           "the last bits; --deterministic promises bit-identical runs: use one or the other");
+  FT_CHECK(!c.gemm_tune || c.device == Device::cuda,
+           "--gemm-tune times the GPU's matrix products: it needs --device cuda");
   FT_CHECK(c.load_path.empty() || !c.overrides.any(), "--load ", c.load_path,
            " takes the model shape from the checkpoint; ", c.overrides.describe(),
            " would be ignored (drop the override, or train the new shape without --load)");
@@ -346,6 +351,7 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
            "end-of-text id, which is outside the model's vocabulary [0, ",
            mc.vocab_size, ")");
   set_tf32(c.tf32);
+  set_gemm_tuning(c.gemm_tune);
   const int64_t accum = accumulation_steps(c, ranks);
   const int64_t rank_accum = accum / ranks;
   const int64_t tokens_per_step = c.batch_size * c.seq_len * accum;
@@ -450,6 +456,10 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
       out << "off (--cuda-graph off)\n";
     } else {
       out << "not used: " << graph_obstacle << "\n";
+    }
+    if (c.gemm_tune) {
+      out << "gemms:     tuned (--gemm-tune): each product's first call times cuBLASLt's "
+             "candidates and keeps the fastest\n";
     }
   }
   if (resumed) {

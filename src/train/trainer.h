@@ -43,6 +43,9 @@ struct TrainConfig {
   DType dtype = DType::f32;
   Device device = Device::cpu;
   bool tf32 = false;  // let fp32 GEMMs on the GPU use TF32 tensor cores
+  // Time a few cuBLASLt algorithms per GEMM problem on its first call and keep the fastest
+  // (core/cuda/gemm.h); off: cuBLASLt's heuristic choice, the same in every run.
+  bool gemm_tune = false;
   models::AttentionSettings attention;
   // What each layer keeps for backward and recomputes there (models/transformer.h); the losses
   // are the same in every mode, bit for bit.

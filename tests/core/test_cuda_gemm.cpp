@@ -384,6 +384,42 @@ TEST_F(CudaGemm, Tf32IsOffByDefaultAndCanBeTurnedOn) {
   cuda::allow_tf32(false);
 }
 
+// With tuning on, the first call of a problem times several algorithms before the product is
+// written: the results must be those of one product (beta = 1 adds it once: the timing runs go
+// to scratch; beta = 0 may rewrite C; bias + GELU rewrites its pre-GELU output), padding and
+// all, and later calls reuse the choice. Shapes no other test uses, so that none is cached yet.
+TEST_F(CudaGemm, TunedAlgorithmsGiveTheSameProducts) {
+  struct Untune {
+    ~Untune() { cuda::set_gemm_tuning(false); }
+  } untune;
+  cuda::set_gemm_tuning(true);
+  EXPECT_TRUE(cuda::gemm_tuning());
+  const int64_t before = cuda::gemm_tuned_problems();
+  uint64_t seed = 1500;
+  for (auto [ab, c] : {std::pair{DType::bf16, DType::bf16}, std::pair{DType::bf16, DType::f32},
+                       std::pair{DType::f32, DType::f32}}) {
+    GemmCase g;
+    g.ab = ab;
+    g.c = c;
+    g.M = 520;
+    g.N = 776;
+    g.K = 648;
+    g.pad = 8;
+    check_gemm(g, seed += 10);
+    check_gemm(g, seed += 10);  // the cached choice
+    g.beta = 1.0f;              // the weight-gradient case
+    g.trans_a = true;
+    check_gemm(g, seed += 10);
+    g.trans_a = false;
+    g.beta = 0.0f;
+    g.trans_b = true;
+    g.epilogue = Epilogue::bias_gelu;
+    check_gemm(g, seed += 10);
+  }
+  check_gelu_grad(1040, 1544, 264, DType::bf16, seed += 10);
+  EXPECT_GT(cuda::gemm_tuned_problems(), before) << "no problem had two candidates to time";
+}
+
 TEST_F(CudaGemm, BadArgumentsAreClearErrors) {
   Tensor a = Tensor::zeros({64}, DType::f32, Device::cuda);
   GemmArgs ok;

@@ -344,6 +344,8 @@ TEST(TrainCli, BadInputGivesClearErrors) {
   expect_cli_error("--device cpu --cuda-graph on --steps 1",
                    "--cuda-graph on: graphs replay GPU work");
   expect_cli_error("--cuda-graph sometimes --steps 1", "--cuda-graph");
+  expect_cli_error("--device cpu --gemm-tune --steps 1", "--gemm-tune times the GPU's");
+  expect_cli_error("--gemm-tune --deterministic --steps 1", "use one or the other");
   expect_cli_error("--load data/tinyshakespeare_val.bin --steps 1", "magic");
   expect_cli_error("--heads 5 --steps 1", "heads");
   expect_cli_error("--steps 0", "steps must be >= 1");

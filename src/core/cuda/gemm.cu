@@ -17,7 +17,8 @@
 // exit on purpose: destroying them in static destructors would race the CUDA runtime's own
 // teardown. The algorithm chosen by cuBLASLt's heuristic is cached per problem (shape, dtypes,
 // epilogue, batching and pointer alignment), so repeated training-step GEMMs skip the heuristic
-// query.
+// query. With set_gemm_tuning(true) the first product of a problem times the heuristic's first
+// kTuneCandidates algorithms instead and caches the fastest (see fastest_algo).
 //
 // Memory traffic: what cuBLASLt reads and writes (A, B, C once each in the best case); the
 // fallback below for a bias cuBLASLt rejects costs one extra pass over C.
@@ -36,6 +37,7 @@
 #include "core/cuda/capture_state.h"
 #include "core/cuda/check.h"
 #include "core/cuda/gemm.h"
+#include "core/cuda/graph.h"
 #include "core/cuda/runtime.h"
 #include "core/tensor.h"
 
@@ -45,6 +47,15 @@ namespace {
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
 std::atomic<bool> g_allow_tf32{false};
+std::atomic<bool> g_tune{false};
+std::atomic<int64_t> g_tuned{0};
+
+// Tuning: the heuristic's first candidates, each timed over a few runs after one untimed run.
+constexpr int kTuneCandidates = 8;
+constexpr int kTuneRuns = 3;
+// A product whose C must not be overwritten during the timing (beta != 0, or C overlapping an
+// input) is timed on a scratch copy of C's extent up to this size, else not tuned.
+constexpr int64_t kTuneScratchBytes = int64_t{256} << 20;
 
 const char* epilogue_name(Epilogue e) {
   switch (e) {
@@ -257,6 +268,87 @@ AlgoKey key_of(const GemmArgs& a, bool tf32, cublasLtEpilogue_t epilogue,
           0};
 }
 
+// Bytes from the start of a row-major matrix (rows x cols, leading dimension ld, `batch` of
+// them `stride` elements apart) to the end of its last element.
+int64_t extent_bytes(int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride,
+                     DType dtype) {
+  if (rows == 0 || cols == 0) return 0;
+  const int64_t elems = (batch > 1 ? (batch - 1) * stride : 0) + (rows - 1) * ld + cols;
+  return elems * static_cast<int64_t>(dtype_size(dtype));
+}
+
+bool overlap(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
+  const auto* x = static_cast<const char*>(a);
+  const auto* y = static_cast<const char*>(b);
+  return a != nullptr && b != nullptr && x < y + b_bytes && y < x + a_bytes;
+}
+
+// What one cuBLASLt call needs besides the algorithm.
+struct MatmulCall {
+  const GemmArgs& a;
+  cublasLtMatmulDesc_t op;
+  cublasLtMatrixLayout_t la, lb, lc;
+  float beta;
+  cublasStatus_t run(const cublasLtMatmulAlgo_t& algo, void* c) const {
+    const float alpha = a.alpha;
+    return cublasLtMatmul(lt_handle(), op, &alpha, a.B, la, a.A, lb, &beta, c, lc, c, lc, &algo,
+                          workspace(), kWorkspaceBytes, current_stream());
+  }
+};
+
+// The fastest of the heuristic's candidates for this product, timed with CUDA events on the
+// current stream (the host waits for each): once per problem, on the first call, never during a
+// graph capture. The product then writes C as usual. C is the timing runs' output where
+// rewriting it changes nothing (beta = 0 and no input overlaps it); otherwise a scratch buffer
+// of C's extent takes the runs (not tuned beyond kTuneScratchBytes). An aux output (the
+// pre-GELU of bias_gelu) is rewritten with the same values. Candidates that fail are skipped;
+// nullopt when none ran.
+std::optional<cublasLtMatmulAlgo_t> fastest_algo(const MatmulCall& call,
+                                                 const cublasLtMatmulHeuristicResult_t* results,
+                                                 int found) {
+  const GemmArgs& a = call.a;
+  const int64_t c_bytes = extent_bytes(a.M, a.N, a.ldc, a.batch_count, a.stride_c, a.c_dtype);
+  const int64_t a_bytes = extent_bytes(a.trans_a ? a.K : a.M, a.trans_a ? a.M : a.K, a.lda,
+                                       a.batch_count, a.stride_a, a.ab_dtype);
+  const int64_t b_bytes = extent_bytes(a.trans_b ? a.N : a.K, a.trans_b ? a.K : a.N, a.ldb,
+                                       a.batch_count, a.stride_b, a.ab_dtype);
+  const bool in_place = call.beta != 0.0f || overlap(a.C, c_bytes, a.A, a_bytes) ||
+                        overlap(a.C, c_bytes, a.B, b_bytes) ||
+                        overlap(a.C, c_bytes, a.pre_gelu, c_bytes);
+  if (in_place && c_bytes > kTuneScratchBytes) return std::nullopt;
+  Tensor scratch;
+  void* c = a.C;
+  if (in_place) {
+    scratch = Tensor::empty({(c_bytes + 3) / 4}, DType::i32, Device::cuda);
+    FT_CUDA_CHECK(cudaMemsetAsync(scratch.raw(), 0, c_bytes, current_stream()));
+    c = scratch.raw();
+  }
+  cudaEvent_t start = nullptr, stop = nullptr;
+  FT_CUDA_CHECK(cudaEventCreate(&start));
+  FT_CUDA_CHECK(cudaEventCreate(&stop));
+  std::optional<cublasLtMatmulAlgo_t> best;
+  float best_ms = 0.0f;
+  for (int i = 0; i < found; ++i) {
+    if (call.run(results[i].algo, c) != CUBLAS_STATUS_SUCCESS) continue;  // untimed run
+    FT_CUDA_CHECK(cudaEventRecord(start, current_stream()));
+    bool ok = true;
+    for (int r = 0; r < kTuneRuns && ok; ++r)
+      ok = call.run(results[i].algo, c) == CUBLAS_STATUS_SUCCESS;
+    FT_CUDA_CHECK(cudaEventRecord(stop, current_stream()));
+    FT_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    FT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (ok && (!best || ms < best_ms)) {
+      best = results[i].algo;
+      best_ms = ms;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (best) g_tuned.fetch_add(1);
+  return best;
+}
+
 // One cuBLASLt matmul with the given epilogue; false when cuBLASLt has no algorithm for it.
 bool run_matmul(const GemmArgs& a, cublasLtEpilogue_t epilogue, float beta) {
   static std::mutex cache_mutex;
@@ -359,10 +451,12 @@ bool run_matmul(const GemmArgs& a, cublasLtEpilogue_t epilogue, float beta) {
                                                            &align_values[i], sizeof(uint32_t)),
                       a);
     }
-    cublasLtMatmulHeuristicResult_t result{};
+    const bool tune = g_tune.load() && !capturing();
+    std::array<cublasLtMatmulHeuristicResult_t, kTuneCandidates> results{};
     int found = 0;
     const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-        lt_handle(), op.desc, la.desc, lb.desc, lc.desc, lc.desc, pref.desc, 1, &result, &found);
+        lt_handle(), op.desc, la.desc, lb.desc, lc.desc, lc.desc, pref.desc,
+        tune ? kTuneCandidates : 1, results.data(), &found);
     // An epilogue this cuBLASLt does not take for these types is reported as NOT_SUPPORTED or,
     // for some (DGELU_BGRAD with an fp32 bias on a bf16 D), INVALID_VALUE: both mean "no
     // algorithm" once validate() has passed the arguments.
@@ -370,7 +464,10 @@ bool run_matmul(const GemmArgs& a, cublasLtEpilogue_t epilogue, float beta) {
         status == CUBLAS_STATUS_NOT_SUPPORTED ||
         (status == CUBLAS_STATUS_INVALID_VALUE && epilogue != CUBLASLT_EPILOGUE_DEFAULT);
     if (status == CUBLAS_STATUS_SUCCESS && found > 0) {
-      algo = result.algo;
+      if (tune && found > 1) {
+        algo = fastest_algo({a, op.desc, la.desc, lb.desc, lc.desc, beta}, results.data(), found);
+      }
+      if (!algo) algo = results[0].algo;
     } else if (status != CUBLAS_STATUS_SUCCESS && !unsupported) {
       FT_CUBLAS_CHECK(status, a);
     }
@@ -379,11 +476,8 @@ bool run_matmul(const GemmArgs& a, cublasLtEpilogue_t epilogue, float beta) {
   }
   if (!algo) return false;
 
-  const float alpha = a.alpha;
-  FT_CUBLAS_CHECK(
-      cublasLtMatmul(lt_handle(), op.desc, &alpha, a.B, la.desc, a.A, lb.desc, &beta, a.C, lc.desc,
-                     a.C, lc.desc, &*algo, workspace(), kWorkspaceBytes, current_stream()),
-      a);
+  const MatmulCall call{a, op.desc, la.desc, lb.desc, lc.desc, beta};
+  FT_CUBLAS_CHECK(call.run(*algo, a.C), a);
   return true;
 }
 
@@ -395,6 +489,18 @@ void allow_tf32(bool allow) {
 
 bool tf32_allowed() {
   return g_allow_tf32.load();
+}
+
+void set_gemm_tuning(bool on) {
+  g_tune.store(on);
+}
+
+bool gemm_tuning() {
+  return g_tune.load();
+}
+
+int64_t gemm_tuned_problems() {
+  return g_tuned.load();
 }
 
 bool try_gemm(const GemmArgs& args) {

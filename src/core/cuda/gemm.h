@@ -48,4 +48,14 @@ bool try_gemm(const GemmArgs& args);
 void allow_tf32(bool allow);
 bool tf32_allowed();
 
+// Off (the default): each problem (shape, dtypes, epilogue, alignments) runs the first
+// algorithm of cuBLASLt's heuristic, the same in every run. On: the first product of a problem
+// outside a graph capture times the heuristic's first few candidates on the device and the
+// process keeps the fastest; two runs may then pick differently and differ in the last bits.
+// Problems seen before the switch keep their algorithm.
+void set_gemm_tuning(bool on);
+bool gemm_tuning();
+// Problems whose algorithm was chosen by timing so far in this process.
+int64_t gemm_tuned_problems();
+
 }  // namespace ft::cuda
