@@ -249,11 +249,15 @@ def binding_parts(case, s, args, device, queue):
     from_capsule = getattr(torch._C, "_from_dlpack", torch.utils.dlpack.from_dlpack)
 
     def module_forward(_):  # what attention.forward does for tensors on the current stream
-        o, lse = ext.forward(to_dlpack(q), to_dlpack(k), to_dlpack(v), None, True, 0, 0.0,
-                             "flash", None, stream, None, 0)
-        return from_capsule(o.__dlpack__()), from_capsule(lse.__dlpack__())
+        return ext.forward(to_dlpack(q), to_dlpack(k), to_dlpack(v), None, True, 0, 0.0, "flash",
+                           None, stream, None, attention._EXPORT_CAPSULE, from_capsule)
 
-    out_dlpack = ext.forward(q, k, v, None, True, 0, 0.0, "flash", None, stream, None, 0)[0]
+    def module_capsules(_):  # the same without making tensors of the outputs
+        return ext.forward(to_dlpack(q), to_dlpack(k), to_dlpack(v), None, True, 0, 0.0, "flash",
+                           None, stream, None, attention._EXPORT_CAPSULE, None)
+
+    out_dlpack = ext.forward(q, k, v, None, True, 0, 0.0, "flash", None, stream, None,
+                             attention._EXPORT_DLPACK, None)[0]
     parts = [
         ("torch.cuda.current_stream(device).cuda_stream",
          lambda _: torch.cuda.current_stream(device).cuda_stream),
@@ -265,6 +269,7 @@ def binding_parts(case, s, args, device, queue):
         ("torch.from_dlpack(a DLPack object)", lambda _: torch.from_dlpack(out_dlpack)),
         ("torch._C._from_dlpack(object.__dlpack__())",
          lambda _: from_capsule(out_dlpack.__dlpack__())),
+        ("module forward: 3 capsules in, 2 capsules out", module_capsules),
         ("module forward: 3 capsules in, 2 tensors out", module_forward),
         ("flashtrain.attention.forward", lambda _: attention.forward(q, k, v, causal=True)),
         ("flash_attn_func, no autograd", lambda _: flash_attn_func(q, k, v, causal=True)),

@@ -19,11 +19,12 @@ On the GPU the work runs on the caller's current stream: PyTorch's
 ``torch.cuda.current_stream()``, CuPy's ``cupy.cuda.get_current_stream()``; for other
 frameworks (JAX) the legacy default stream, or the ``stream=`` handle given. PyTorch tensors on
 its current stream are handed over as DLPack capsules (``torch.utils.dlpack.to_dlpack``: the
-producer's stream is ours, so there is nothing to order) and the outputs come back through
-capsules too; every other input is taken through ``__dlpack__(stream=...)``, so the
-producer orders its pending work before ours. The outputs are ready on that stream, and their
-memory goes back to flashtrain's pool on it when they are dropped: a CuPy stream object is kept
-alive until then; a ``stream=`` handle must outlive the outputs.
+producer's stream is ours, so there is nothing to order) and the module turns its outputs into
+tensors itself (``torch._C._from_dlpack`` on capsules it makes); every other input is taken
+through ``__dlpack__(stream=...)``, so the producer orders its pending work before ours. The
+outputs are ready on that stream, and their memory goes back to flashtrain's pool on it when
+they are dropped: a CuPy stream object is kept alive until then; a ``stream=`` handle must
+outlive the outputs.
 """
 
 import operator
@@ -37,7 +38,7 @@ built_with_cuda = _ext.built_with_cuda
 _IMPLS = ("flash", "naive", "reference")
 _DLPACK_CPU, _DLPACK_CUDA = 1, 2
 # How the module hands outputs back (python/src/module.cpp, Export).
-_EXPORT_DLPACK, _EXPORT_NUMPY = 0, 1
+_EXPORT_DLPACK, _EXPORT_NUMPY, _EXPORT_CAPSULE = 0, 1, 2
 
 __all__ = ["forward", "backward", "KernelConfig", "built_with_cuda"]
 
@@ -57,10 +58,14 @@ def forward(q, k, v, *, causal=False, window=0, segment_ids=None, scale=None, im
     Raises TypeError for a wrong dtype, ValueError for a wrong rank, shape, head count, mask,
     non-contiguous input or a kernel configuration the device cannot run.
     """
-    call = _Call(q, causal, window, scale, impl, config, stream)
+    settings = _settings(causal, window, scale, impl, config)
+    torch_route = _torch_route(q, k, v, segment_ids, stream)
+    if torch_route is not None:
+        return torch_route.forward(q, k, v, segment_ids, settings)
+    call = _Call(q, stream)
     o, lse = _ext.forward(call.take("q", q), call.take("k", k), call.take("v", v),
-                          call.take_segments(segment_ids), call.causal, call.window, call.scale,
-                          call.impl, call.config, call.stream, call.stream_owner, call.export)
+                          call.take_segments(segment_ids), *settings, call.stream,
+                          call.stream_owner, call.export, None)
     call.done()
     return call.give(o), call.give(lse, like_q=False)
 
@@ -77,16 +82,44 @@ def backward(q, k, v, o, lse, do, *, causal=False, window=0, segment_ids=None, s
     sums, at a cost; a configuration that cannot is a ValueError with the reason; the CPU and
     fp32 paths always are). Raises as ``forward`` does.
     """
-    call = _Call(q, causal, window, scale, impl, config, stream)
+    settings = _settings(causal, window, scale, impl, config)
     if not isinstance(deterministic, bool):
         raise TypeError(f"attention: deterministic must be a bool, got {deterministic!r}")
+    torch_route = _torch_route(q, k, v, segment_ids, stream, o, lse, do)
+    if torch_route is not None:
+        return torch_route.backward(q, k, v, o, lse, do, segment_ids, settings, deterministic)
+    call = _Call(q, stream)
+    causal, window, scale, impl, config = settings
     dq, dk, dv = _ext.backward(call.take("q", q), call.take("k", k), call.take("v", v),
                                call.take("o", o), call.take("lse", lse), call.take("do", do),
-                               call.take_segments(segment_ids), call.causal, call.window,
-                               call.scale, deterministic, call.impl, call.config, call.stream,
-                               call.stream_owner, call.export)
+                               call.take_segments(segment_ids), causal, window, scale,
+                               deterministic, impl, config, call.stream, call.stream_owner,
+                               call.export, None)
     call.done()
     return call.give(dq), call.give(dk), call.give(dv)
+
+
+def _settings(causal, window, scale, impl, config):
+    """The keywords as the module takes them, checked: (causal, window, scale, impl, config).
+    The module checks the rest (the window's sign, shapes, dtypes), each rule in one place."""
+    if type(causal) is not bool:
+        raise TypeError(f"attention: causal must be a bool, got {causal!r}")
+    if type(window) is not int:  # a NumPy integer is fine; a bool or a float is not
+        if isinstance(window, bool):
+            raise TypeError(f"attention: window must be an int, got {window!r}")
+        try:
+            window = operator.index(window)
+        except TypeError:
+            raise TypeError(f"attention: window must be an int, got {window!r}") from None
+    if scale is None:
+        scale = 0.0  # the library's "1 / sqrt(D)"
+    else:
+        scale = float(scale)
+        if scale == 0.0:
+            raise ValueError("attention: scale must be nonzero (None means 1 / sqrt(D))")
+    if impl not in _IMPLS:
+        raise ValueError(f"attention: impl must be one of {', '.join(_IMPLS)}, got {impl!r}")
+    return causal, window, scale, impl, _config(config)
 
 
 def _framework(x):
@@ -123,18 +156,40 @@ def _config(config):
 
 
 class _Torch:
-    """PyTorch's fast handles, looked up once: capsule export and import, the raw current
-    stream."""
+    """The route of PyTorch tensors on PyTorch's current stream, with its handles looked up once:
+    the inputs go to the module as DLPack capsules (``torch.utils.dlpack.to_dlpack``, which takes
+    a tensor that requires grad as it is: no detach), the module makes the outputs into tensors
+    (``torch._C._from_dlpack`` on capsules it makes), and the stream is the raw current one."""
 
     def __init__(self, torch):
         self.tensor = torch.Tensor
-        self.to_dlpack = torch.utils.dlpack.to_dlpack
+        self.to_capsule = torch.utils.dlpack.to_dlpack
         self.from_capsule = getattr(torch._C, "_from_dlpack", torch.utils.dlpack.from_dlpack)
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
         if raw is None:  # a PyTorch without the raw query: the public, slower one
             def raw(index):
                 return torch.cuda.current_stream(index).cuda_stream
         self.current_stream = raw
+
+    def stream(self, q):
+        return self.current_stream(q.get_device()) if q.is_cuda else 0
+
+    def forward(self, q, k, v, segment_ids, settings):
+        """(o, lse) for settings checked by _settings."""
+        to = self.to_capsule
+        causal, window, scale, impl, config = settings
+        return _ext.forward(to(q), to(k), to(v), None if segment_ids is None else to(segment_ids),
+                            causal, window, scale, impl, config, self.stream(q), None,
+                            _EXPORT_CAPSULE, self.from_capsule)
+
+    def backward(self, q, k, v, o, lse, do, segment_ids, settings, deterministic):
+        """(dq, dk, dv) for settings checked by _settings and a bool deterministic."""
+        to = self.to_capsule
+        causal, window, scale, impl, config = settings
+        return _ext.backward(to(q), to(k), to(v), to(o), to(lse), to(do),
+                             None if segment_ids is None else to(segment_ids), causal, window,
+                             scale, deterministic, impl, config, self.stream(q), None,
+                             _EXPORT_CAPSULE, self.from_capsule)
 
 
 _torch = None
@@ -147,42 +202,35 @@ def _torch_handles():
     return _torch
 
 
-class _Call:
-    """One call's settings, how its inputs are handed to the module and its outputs back."""
+def _torch_route(q, k, v, segment_ids, stream, *others):
+    """_Torch when every array of the call is a PyTorch tensor and no stream= handle is given
+    (PyTorch's current stream), else None (the general route, _Call)."""
+    if stream is not None or "torch" not in sys.modules:
+        return None
+    torch = _torch_handles()
+    tensor = torch.tensor
+    if not (isinstance(q, tensor) and isinstance(k, tensor) and isinstance(v, tensor)):
+        return None
+    if segment_ids is not None and not isinstance(segment_ids, tensor):
+        return None
+    for x in others:
+        if not isinstance(x, tensor):
+            return None
+    return torch
 
-    def __init__(self, q, causal, window, scale, impl, config, stream):
+
+class _Call:
+    """How one call of the general route (NumPy, CuPy, JAX, other producers, a stream= handle)
+    hands its inputs to the module and its outputs back."""
+
+    def __init__(self, q, stream):
         self.framework = _framework(q)
-        self.fast_torch = None  # _Torch when q is a PyTorch tensor on its current stream
         if self.framework == "torch" and isinstance(q, sys.modules["torch"].Tensor):
             self.cuda = q.is_cuda
             self.device_id = q.get_device() if self.cuda else 0
-            if stream is None:
-                self.fast_torch = _torch_handles()
         else:
             device_type, self.device_id = _dlpack_device("q", q)
             self.cuda = device_type == _DLPACK_CUDA
-        if type(causal) is not bool:
-            raise TypeError(f"attention: causal must be a bool, got {causal!r}")
-        self.causal = causal
-        if type(window) is int:
-            self.window = window
-        else:
-            try:
-                self.window = operator.index(window)
-            except TypeError:
-                raise TypeError(f"attention: window must be an int, got {window!r}") from None
-            if isinstance(window, bool):
-                raise TypeError(f"attention: window must be an int, got {window!r}")
-        if scale is None:
-            self.scale = 0.0  # the library's "1 / sqrt(D)"
-        else:
-            self.scale = float(scale)
-            if self.scale == 0.0:
-                raise ValueError("attention: scale must be nonzero (None means 1 / sqrt(D))")
-        if impl not in _IMPLS:
-            raise ValueError(f"attention: impl must be one of {', '.join(_IMPLS)}, got {impl!r}")
-        self.impl = impl
-        self.config = _config(config)
         self.explicit_stream = stream is not None
         self.stream_owner = None
         self.stream = self._stream(stream) if self.cuda else 0
@@ -192,8 +240,8 @@ class _Call:
     def _stream(self, stream):
         if stream is not None:
             return int(stream)
-        if self.fast_torch is not None:  # every PyTorch tensor without a stream= handle
-            return self.fast_torch.current_stream(self.device_id)
+        if self.framework == "torch":  # a PyTorch tensor beside other arrays
+            return _torch_handles().current_stream(self.device_id)
         if self.framework == "cupy":
             import cupy
             # Held by the outputs: CuPy destroys a stream when its object is collected, and the
@@ -205,16 +253,14 @@ class _Call:
     def take(self, name, x):
         """What the module reads for array x: the array itself on the CPU, a DLPack capsule made
         ready on our stream on the GPU."""
-        fast = self.fast_torch
-        if fast is not None and isinstance(x, fast.tensor):
-            # The producer's stream is ours: a capsule needs no event between them.
-            return fast.to_dlpack(x.detach() if x.requires_grad else x)
-        if self.framework == "torch":
-            x = x.detach()  # an autograd tensor refuses export; the values are the same
-        if self.framework == "numpy" and getattr(x, "dtype", None) is not None and \
-                x.dtype.name == "bfloat16":
-            self.bf16_type = self.bf16_type or x.dtype
-            x = x.view("uint16")
+        if _framework(x) == "torch":
+            x = x.detach()  # an autograd tensor refuses __dlpack__; the values are the same
+        if self.framework == "numpy":
+            dtype = getattr(x, "dtype", None)
+            # kind first: NumPy builds dtype.name anew on each access (microseconds).
+            if dtype is not None and dtype.kind == "V" and dtype.name == "bfloat16":
+                self.bf16_type = self.bf16_type or dtype
+                x = x.view("uint16")
         device_type, _ = _dlpack_device(name, x)
         if device_type != _DLPACK_CUDA:
             return x

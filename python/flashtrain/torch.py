@@ -34,6 +34,10 @@ __all__ = ["flash_attn_func", "flash_attn_varlen_func"]
 
 _IMPLS = ("flash", "naive")
 _MAX_HEAD_DIM = 256
+_DTYPES = (torch.bfloat16, torch.float32)
+_UNBOUNDED = (-1, -1)  # flash-attn's default window_size: no window
+# The module's route for PyTorch tensors on the current stream (capsules in, tensors out).
+_TORCH = _attention._torch_handles()
 
 
 # ---------------------------------------------------------------- the custom ops
@@ -92,47 +96,57 @@ _forward_op.register_autograd(_backward, setup_context=_setup_context)
 # ---------------------------------------------------------------- the eager route
 
 
+def _module_settings(causal, window, scale, impl, config):
+    """The ops' arguments as flashtrain.attention's module route takes them (checked already:
+    by flash_attn_func, or by the ops' schema and the module)."""
+    return causal, window, scale, impl, _attention._config(config or None)
+
+
 def _forward_call(q, k, v, segment_ids, causal, window, scale, impl, config):
-    return _attention.forward(q, k, v, causal=causal, window=window, segment_ids=segment_ids,
-                              scale=scale or None, impl=impl, config=config or None)
+    settings = _module_settings(causal, window, scale, impl, config)
+    return _TORCH.forward(q, k, v, segment_ids, settings)
 
 
 def _backward_call(q, k, v, o, lse, do, segment_ids, causal, window, scale, impl, config,
                    deterministic):
-    return _attention.backward(q, k, v, o, lse, do, causal=causal, window=window,
-                               segment_ids=segment_ids, scale=scale or None, impl=impl,
-                               config=config or None, deterministic=deterministic)
+    settings = _module_settings(causal, window, scale, impl, config)
+    return _TORCH.backward(q, k, v, o, lse, do, segment_ids, settings, deterministic)
 
 
 class _EagerAttention(torch.autograd.Function):
-    """The custom ops' autograd formula without their dispatch: what runs outside
-    torch.compile when an input needs a gradient."""
+    """The custom ops' autograd formula without their dispatch: what runs outside torch.compile
+    when an input needs a gradient. Lean, as Function.apply's host time grows with the
+    arguments and outputs: the settings come checked in one tuple, o is the only output (lse is
+    saved beside the inputs), and the backward reuses the forward's settings, checking nothing
+    again."""
 
     @staticmethod
-    def forward(ctx, q, k, v, segment_ids, causal, window, scale, impl, config, deterministic):
-        o, lse = _forward_call(q, k, v, segment_ids, causal, window, scale, impl, config)
-        _setup_context(ctx, (q, k, v, segment_ids, causal, window, scale, impl, config,
-                             deterministic), (o, lse))
-        return o, lse
+    def forward(ctx, q, k, v, segment_ids, settings, deterministic):
+        o, lse = _TORCH.forward(q, k, v, segment_ids, settings)
+        ctx.save_for_backward(q, k, v, o, lse, segment_ids)
+        ctx.settings = settings
+        ctx.deterministic = deterministic
+        return o
 
     @staticmethod
-    def backward(ctx, do, _dlse):
+    def backward(ctx, do):
         q, k, v, o, lse, segment_ids = ctx.saved_tensors
-        dq, dk, dv = _backward_call(q, k, v, o, lse, do.contiguous(), segment_ids,
-                                    *ctx.settings)
-        return dq, dk, dv, None, None, None, None, None, None, None
+        dq, dk, dv = _TORCH.backward(q, k, v, o, lse, do.contiguous(), segment_ids, ctx.settings,
+                                     ctx.deterministic)
+        return dq, dk, dv, None, None, None
 
 
 def _attend(q, k, v, segment_ids, causal, window, scale, impl, config, deterministic):
-    """(o, lse) by the route that fits: the custom op under torch.compile, else autograd's
-    Function, else (no gradient wanted) the plain call."""
+    """o by the route that fits: the custom op under torch.compile, else autograd's Function,
+    else (no gradient wanted) the plain call."""
     if torch.compiler.is_compiling():
-        return _forward_op(q, k, v, segment_ids, causal, window, scale, impl, config,
+        o, _ = _forward_op(q, k, v, segment_ids, causal, window, scale, impl, config,
                            deterministic)
+        return o
+    settings = _module_settings(causal, window, scale, impl, config)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _EagerAttention.apply(q, k, v, segment_ids, causal, window, scale, impl, config,
-                                     deterministic)
-    return _forward_call(q, k, v, segment_ids, causal, window, scale, impl, config)
+        return _EagerAttention.apply(q, k, v, segment_ids, settings, deterministic)
+    return _TORCH.forward(q, k, v, segment_ids, settings)[0]
 
 
 # ---------------------------------------------------------------- flash-attn's arguments
@@ -151,6 +165,27 @@ def _check_unsupported(dropout_p, softcap, alibi_slopes, deterministic, return_a
                                   "kernels never form the attention probabilities)")
     if not isinstance(deterministic, bool):
         raise TypeError(f"flashtrain: deterministic must be a bool, got {deterministic!r}")
+
+
+def _plain_tensors(q, k, v, rank):
+    """True for the common call, which every check of _check_tensors and the callers' length
+    checks pass: plain tensors of one supported dtype and rank, k and v of one shape that is q's
+    but for the heads, a supported head dim, a whole number of query heads per kv head. One
+    cheap test, so that only a call that is not plain pays for the checks that say what is
+    wrong."""
+    tensor = torch.Tensor
+    if type(q) is not tensor or type(k) is not tensor or type(v) is not tensor:
+        return False
+    dtype = q.dtype
+    if dtype not in _DTYPES or k.dtype is not dtype or v.dtype is not dtype:
+        return False
+    q_shape, kv_shape = q.shape, k.shape
+    if len(q_shape) != rank or v.shape != kv_shape or q_shape[:-2] != kv_shape[:-2]:
+        return False
+    heads, head_dim = q_shape[-2], q_shape[-1]
+    kv_heads = kv_shape[-2]
+    return (kv_shape[-1] == head_dim and head_dim % 8 == 0 and head_dim <= _MAX_HEAD_DIM and
+            kv_heads > 0 and heads % kv_heads == 0)
 
 
 def _check_tensors(q, k, v, rank, layout):
@@ -182,6 +217,8 @@ def _check_tensors(q, k, v, rank, layout):
 def _mask(causal, window_size, seqlen):
     """flash-attn's (causal, window_size) as our (causal, window): query i sees keys
     [i - left, i + right], -1 meaning unbounded; causal sets right to 0."""
+    if window_size is _UNBOUNDED:  # the default: what the general rule below gives for it
+        return bool(causal), 0
     try:
         left, right = (int(w) for w in window_size)
     except (TypeError, ValueError):
@@ -214,7 +251,7 @@ def _settings(softmax_scale, impl, config):
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
-                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                    window_size=_UNBOUNDED, softcap=0.0, alibi_slopes=None, deterministic=False,
                     return_attn_probs=False, *, impl="flash", config=None):
     """Attention over q ``[B, S, Hq, D]``, k and v ``[B, S, Hkv, D]`` (Hq a multiple of Hkv:
     grouped-query attention); returns out ``[B, S, Hq, D]``. As flash-attn's function: the
@@ -224,17 +261,18 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     Ours only: ``impl="naive"`` runs the GEMM + softmax + GEMM baseline instead;
     ``config`` picks the CUDA bf16 kernels' tiles (``"fwd=128x64/128 bwd=64x64/128/double"``).
     """
-    _check_tensors(q, k, v, 4, "[batch, seqlen, heads, head dim]")
+    plain = _plain_tensors(q, k, v, 4)
+    if not plain:
+        _check_tensors(q, k, v, 4, "[batch, seqlen, heads, head dim]")
     _check_unsupported(dropout_p, softcap, alibi_slopes, deterministic, return_attn_probs)
-    if k.shape[:2] != q.shape[:2] or v.shape[:2] != q.shape[:2]:
+    if not plain and (k.shape[:2] != q.shape[:2] or v.shape[:2] != q.shape[:2]):
         raise NotImplementedError(f"flashtrain: q {tuple(q.shape)}, k {tuple(k.shape)}, v "
                                   f"{tuple(v.shape)}: batch and seqlen must agree (query and key "
                                   "lengths that differ are not supported)")
     is_causal, window = _mask(causal, window_size, q.shape[1])
     scale, config = _settings(softmax_scale, impl, config)
-    o, _ = _attend(q.contiguous(), k.contiguous(), v.contiguous(), None, is_causal, window, scale,
+    return _attend(q.contiguous(), k.contiguous(), v.contiguous(), None, is_causal, window, scale,
                    impl, config, deterministic)
-    return o
 
 
 def _segment_ids(cu_seqlens, total):
@@ -247,7 +285,7 @@ def _segment_ids(cu_seqlens, total):
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                           dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                           dropout_p=0.0, softmax_scale=None, causal=False, window_size=_UNBOUNDED,
                            softcap=0.0, alibi_slopes=None, deterministic=False,
                            return_attn_probs=False, block_table=None, *, impl="flash",
                            config=None):
@@ -283,7 +321,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     is_causal, window = _mask(causal, window_size, max_seqlen_k)
     scale, config = _settings(softmax_scale, impl, config)
     segment_ids = _segment_ids(cu_seqlens_q, q.shape[0])
-    o, _ = _attend(q.contiguous().unsqueeze(0), k.contiguous().unsqueeze(0),
-                   v.contiguous().unsqueeze(0), segment_ids, is_causal, window, scale, impl, config,
-                   deterministic)
+    o = _attend(q.contiguous().unsqueeze(0), k.contiguous().unsqueeze(0),
+                v.contiguous().unsqueeze(0), segment_ids, is_causal, window, scale, impl, config,
+                deterministic)
     return o.squeeze(0)

@@ -4,8 +4,9 @@
 //
 // Inputs (arrays or DLPack capsules) are borrowed without a copy (Tensor::wrap): they must be
 // C-contiguous, and on the GPU 16-byte aligned (the kernels' vector loads). Outputs are the
-// library's tensors, exported without a copy (as NumPy arrays made here, or as objects with
-// __dlpack__); each keeps its storage alive until the consumer drops it. On the
+// library's tensors, exported without a copy (as NumPy arrays made here, as objects with
+// __dlpack__, or as DLPack capsules handed to the caller's framework here); each keeps its
+// storage alive until the consumer drops it. On the
 // GPU every launch, allocation and free goes on the caller's stream (cuda::StreamScope), and an
 // output's memory goes back to the pool on the stream it was made on.
 //
@@ -151,8 +152,7 @@ Tensor borrow(const char* name, const Array& a, size_t rank, const char* layout)
                               "bytes at a time: pass a copy")
                               .c_str());
   }
-  Shape shape;
-  for (size_t i = 0; i < rank; ++i) shape.push_back(static_cast<int64_t>(a.shape(i)));
+  const Shape shape(a.shape_ptr(), a.shape_ptr() + rank);  // one allocation, not one a dim
   return Tensor::wrap(const_cast<void*>(a.data()), shape, dtype, device);
 }
 
@@ -172,27 +172,40 @@ void check_like_q(const char* name, const Array& a, const Array& q) {
   }
 }
 
-// The forms an output can be handed back in (python/flashtrain/attention.py picks one): an
-// object with __dlpack__ (whose __dlpack__() capsule PyTorch imports without a protocol call),
-// or a NumPy array made here.
-enum class Export : int { dlpack = 0, numpy = 1 };
+// The forms an output can be handed back in (python/flashtrain/attention.py picks one):
+//   dlpack   an object with __dlpack__, for consumers that import it themselves (CuPy, JAX);
+//   numpy    a NumPy array made here;
+//   capsule  a DLPack capsule made here, turned into the framework's tensor by the caller's
+//            `from_capsule` (PyTorch's torch._C._from_dlpack) in this call when one is given:
+//            no wrapper object and no Python-level __dlpack__() call per output.
+enum class Export : int { dlpack = 0, numpy = 1, capsule = 2 };
+
+// None as a null object: what a Keeper holds may be released on a thread without the GIL, and a
+// null object needs no reference count.
+nb::object null_if_none(nb::object o) {
+  return o.is_none() ? nb::object() : std::move(o);
+}
 
 // The stream and device a call runs on (the CPU needs neither), and the form its outputs take.
 class CallContext {
  public:
-  CallContext(const Array& q, uintptr_t stream, nb::object stream_owner, int export_form)
-      : stream_(stream), stream_owner_(std::move(stream_owner)) {
-    if (export_form < 0 || export_form > static_cast<int>(Export::numpy)) {
+  CallContext(const Array& q, uintptr_t stream, nb::object stream_owner, int export_form,
+              nb::object from_capsule)
+      : stream_(stream),
+        stream_owner_(null_if_none(std::move(stream_owner))),
+        from_capsule_(null_if_none(std::move(from_capsule))) {
+    if (export_form < 0 || export_form > static_cast<int>(Export::capsule)) {
       throw nb::value_error(
-          str("attention: export form ", export_form, " (allowed: 0, 1)").c_str());
+          str("attention: export form ", export_form, " (allowed: 0, 1, 2)").c_str());
     }
     export_ = static_cast<Export>(export_form);
 #ifndef FLASHTRAIN_WITH_CUDA
     (void)q;
 #else
     if (q.device_type() == nb::device::cuda::value) {
-      cuda::init_device(q.device_id());  // one GPU per process: another is an ft::Error
-      FT_CUDA_CHECK(cudaSetDevice(q.device_id()));
+      device_id_ = q.device_id();
+      cuda::init_device(device_id_);  // one GPU per process: another is an ft::Error
+      FT_CUDA_CHECK(cudaSetDevice(device_id_));
       scope_.emplace(reinterpret_cast<cudaStream_t>(stream));
     }
 #endif
@@ -206,11 +219,21 @@ class CallContext {
   Export export_form() const {
     return export_;
   }
+  // Export::capsule's converter, or a null object (the capsules themselves are returned).
+  const nb::object& from_capsule() const {
+    return from_capsule_;
+  }
+  // The GPU the call runs on (q's), where its outputs are.
+  int device_id() const {
+    return device_id_;
+  }
 
  private:
   uintptr_t stream_;
   nb::object stream_owner_;
+  nb::object from_capsule_;
   Export export_ = Export::dlpack;
+  int device_id_ = 0;
 #ifdef FLASHTRAIN_WITH_CUDA
   std::optional<cuda::StreamScope> scope_;
 #endif
@@ -222,7 +245,9 @@ class CallContext {
 struct Keeper {
   Tensor tensor;
   uintptr_t stream;
-  nb::object stream_owner;  // released after the body below: the stream lives until the free
+  // Null or the framework's stream object, released after the body below (the stream lives
+  // until the free); releasing it needs the GIL.
+  nb::object stream_owner;
 
   ~Keeper() {
 #ifdef FLASHTRAIN_WITH_CUDA
@@ -261,20 +286,88 @@ nb::object export_as(void* data, const std::vector<size_t>& shape, nb::capsule o
                                          device_type, device_id));
 }
 
+// DLPack's DLManagedTensor (dlpack.h): the unversioned form that every consumer imports.
+struct ManagedTensor {
+  nb::dlpack::dltensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(ManagedTensor*);
+};
+
+constexpr size_t kMaxExportRank = 4;  // o, dq, dk, dv [B, S, H, D]; lse [B, H, S]
+
+// One output as a DLPack capsule, in one allocation: the managed tensor, its shape and strides,
+// and the Keeper of its storage. The consumer calls the deleter when it drops the tensor.
+struct CapsuleExport {
+  ManagedTensor managed;
+  int64_t shape[kMaxExportRank];
+  int64_t strides[kMaxExportRank];
+  Keeper keeper;
+
+  static void deleter(ManagedTensor* m) {
+    auto* self = static_cast<CapsuleExport*>(m->manager_ctx);
+    if (!self->keeper.stream_owner.is_valid()) {
+      delete self;  // no Python object: safe on any thread (PyTorch may free off the GIL)
+      return;
+    }
+    nb::gil_scoped_acquire gil;
+    delete self;
+  }
+
+  // A consumer that takes the tensor renames the capsule ("used_dltensor"); one never consumed
+  // still owns it when collected.
+  static void delete_unconsumed(PyObject* capsule) {
+    if (PyCapsule_IsValid(capsule, "dltensor")) {
+      auto* m = static_cast<ManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+      m->deleter(m);
+    }
+  }
+};
+
+nb::object export_capsule(Tensor tensor, nb::dlpack::dtype dtype, int device_type, int device_id,
+                          const CallContext& call) {
+  const size_t rank = tensor.shape().size();
+  FT_CHECK(rank <= kMaxExportRank, "attention: an output of rank ", rank, " (at most ",
+           kMaxExportRank, ")");
+  auto* e =
+      new CapsuleExport{{}, {}, {}, Keeper{std::move(tensor), call.stream(), call.stream_owner()}};
+  int64_t stride = 1;
+  for (size_t i = rank; i-- > 0;) {
+    e->shape[i] = e->keeper.tensor.shape()[i];
+    e->strides[i] = stride;
+    stride *= e->shape[i];
+  }
+  nb::dlpack::dltensor& t = e->managed.dl_tensor;
+  t.data = e->keeper.tensor.raw();
+  t.device = {device_type, device_id};
+  t.ndim = static_cast<int32_t>(rank);
+  t.dtype = dtype;
+  t.shape = e->shape;
+  t.strides = e->strides;
+  e->managed.manager_ctx = e;
+  e->managed.deleter = &CapsuleExport::deleter;
+  PyObject* capsule = PyCapsule_New(&e->managed, "dltensor", &CapsuleExport::delete_unconsumed);
+  if (capsule == nullptr) {
+    delete e;
+    throw nb::python_error();
+  }
+  return nb::steal(capsule);
+}
+
 nb::object hand_back(Tensor tensor, nb::dlpack::dtype q_form, const CallContext& call) {
-  std::vector<size_t> shape(tensor.shape().begin(), tensor.shape().end());
   const bool gpu = tensor.device() == Device::cuda;
   const int device_type = gpu ? nb::device::cuda::value : nb::device::cpu::value;
-  const int device_id = gpu ? cuda_current_device() : 0;
+  const int device_id = gpu ? call.device_id() : 0;
   const nb::dlpack::dtype dtype = export_dtype(tensor.dtype(), q_form);
+  if (call.export_form() == Export::capsule) {
+    nb::object capsule = export_capsule(std::move(tensor), dtype, device_type, device_id, call);
+    return call.from_capsule().is_valid() ? call.from_capsule()(capsule) : capsule;
+  }
+  std::vector<size_t> shape(tensor.shape().begin(), tensor.shape().end());
   void* data = tensor.raw();
   auto* keeper = new Keeper{std::move(tensor), call.stream(), call.stream_owner()};
   nb::capsule owner(keeper, [](void* p) noexcept { delete static_cast<Keeper*>(p); });
-  switch (call.export_form()) {
-    case Export::numpy:
-      return export_as<nb::numpy>(data, shape, owner, dtype, device_type, device_id);
-    case Export::dlpack:
-      break;
+  if (call.export_form() == Export::numpy) {
+    return export_as<nb::numpy>(data, shape, owner, dtype, device_type, device_id);
   }
   return export_as<nb::array_api>(data, shape, owner, dtype, device_type, device_id);
 }
@@ -317,9 +410,9 @@ Inputs borrow_inputs(const Array& q, const Array& k, const Array& v, const Array
 nb::tuple forward(const Array& q, const Array& k, const Array& v, const Array& segment_ids,
                   bool causal, int64_t window, double scale, const std::string& impl_name,
                   const attention::KernelConfig* config, uintptr_t stream, nb::object stream_owner,
-                  int export_form) {
+                  int export_form, nb::object from_capsule) {
   const attention::Impl impl = attention::parse_impl(impl_name);
-  const CallContext call(q, stream, std::move(stream_owner), export_form);
+  const CallContext call(q, stream, std::move(stream_owner), export_form, std::move(from_capsule));
   const Inputs in = borrow_inputs(q, k, v, segment_ids, causal, window, scale, false);
   attention::ForwardOutput out;
   {
@@ -334,9 +427,9 @@ nb::tuple backward(const Array& q, const Array& k, const Array& v, const Array& 
                    const Array& dout, const Array& segment_ids, bool causal, int64_t window,
                    double scale, bool deterministic, const std::string& impl_name,
                    const attention::KernelConfig* config, uintptr_t stream, nb::object stream_owner,
-                   int export_form) {
+                   int export_form, nb::object from_capsule) {
   const attention::Impl impl = attention::parse_impl(impl_name);
-  const CallContext call(q, stream, std::move(stream_owner), export_form);
+  const CallContext call(q, stream, std::move(stream_owner), export_form, std::move(from_capsule));
   const Inputs in = borrow_inputs(q, k, v, segment_ids, causal, window, scale, deterministic);
   // The reference widens any float dtype (its o is fp64 whatever q is); the others take q's.
   if (impl != attention::Impl::reference) check_like_q("o", o, q);
@@ -414,14 +507,15 @@ NB_MODULE(_flashtrain, m) {
   m.def("forward", &python::forward, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("segment_ids").none(), nb::arg("causal"), nb::arg("window"), nb::arg("scale"),
         nb::arg("impl"), nb::arg("config").none(), nb::arg("stream"),
-        nb::arg("stream_owner").none(), nb::arg("export_form"),
+        nb::arg("stream_owner").none(), nb::arg("export_form"), nb::arg("from_capsule").none(),
         "(o, lse): the library's forward; see flashtrain.attention.forward. stream_owner: held "
-        "until the outputs are freed on `stream`; export_form: 0 DLPack object, 1 NumPy.");
+        "until the outputs are freed on `stream`; export_form: 0 DLPack object, 1 NumPy, 2 "
+        "DLPack capsule, passed through from_capsule (e.g. torch._C._from_dlpack) unless None.");
   m.def("backward", &python::backward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"),
         nb::arg("lse"), nb::arg("do"), nb::arg("segment_ids").none(), nb::arg("causal"),
         nb::arg("window"), nb::arg("scale"), nb::arg("deterministic"), nb::arg("impl"),
         nb::arg("config").none(), nb::arg("stream"), nb::arg("stream_owner").none(),
-        nb::arg("export_form"),
+        nb::arg("export_form"), nb::arg("from_capsule").none(),
         "(dq, dk, dv): the library's backward; see flashtrain.attention.backward. The other "
         "arguments as forward's.");
 }

@@ -329,3 +329,28 @@ def test_strided_inputs_are_made_contiguous(device):
     want = ft.flash_attn_func(q.contiguous(), k.contiguous(), v.contiguous(), causal=True)
     assert torch.equal(got, want)
     assert math.isfinite(got.sum().item())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_attention_on_torch_tensors_both_routes_agree(device):
+    """flashtrain.attention on PyTorch tensors: the capsule route (tensors that require grad
+    taken as they are, the outputs made into tensors by the module) and the general route (a
+    stream= handle: __dlpack__ and DLPack objects) give the same bits; raw capsules out (no
+    from_capsule) import into PyTorch, and one never imported is freed with its capsule."""
+    q, k, v, do = (t.float() for t in inputs(1, 40, 4, 2, 64, device, torch.float32, seed=9))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    stream = torch.cuda.current_stream().cuda_stream if device == "cuda" else 0
+    kw = dict(causal=True, window=7)
+    o, lse = ft_attention.forward(*leaves, **kw)
+    grads = ft_attention.backward(*leaves, o, lse, do, **kw)
+    o2, lse2 = ft_attention.forward(*leaves, stream=stream, **kw)
+    grads2 = ft_attention.backward(*leaves, o2, lse2, do, stream=stream, **kw)
+    assert isinstance(o, torch.Tensor) and o.device == q.device and not o.requires_grad
+    assert lse.dtype == torch.float32 and lse.shape == (1, 4, 40)
+    for a, b in zip((o, lse, *grads), (o2, lse2, *grads2)):
+        assert torch.equal(a, b)
+    to = torch.utils.dlpack.to_dlpack
+    capsules = ft_attention._ext.forward(to(q), to(k), to(v), None, True, 7, 0.0, "flash", None,
+                                         stream, None, ft_attention._EXPORT_CAPSULE, None)
+    assert torch.equal(torch.utils.dlpack.from_dlpack(capsules[0]), o)
+    del capsules  # lse's capsule was never imported: its destructor frees it
