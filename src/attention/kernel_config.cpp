@@ -366,12 +366,13 @@ std::vector<TmaForwardPlan> sweep_tma_plans(int64_t head_dim) {
   return out;
 }
 
-std::vector<TileConfig> sweep_backward_tiles(BackwardPath path) {
+std::vector<TileConfig> sweep_backward_tiles(BackwardPath path, int64_t head_dim) {
   // wgmma: query tiles of 64, one warpgroup per 64 keys.
   if (path == BackwardPath::wgmma) return {{64, 64, 128}, {64, 128, 256}};
   std::vector<TileConfig> out;
   if (path == BackwardPath::tma) {
     for (const TmaBackwardPlan& plan : kTmaBackwardPlans) {
+      if (head_dim != 0 && plan.head_dim != head_dim) continue;
       const TileConfig tile{plan.block_m, plan.block_n, plan.threads()};
       if (std::find(out.begin(), out.end(), tile) == out.end()) out.push_back(tile);
     }

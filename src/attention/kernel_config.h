@@ -191,9 +191,10 @@ const CompiledKernels& compiled_kernels();
 // The tile sweep's candidates (compiled or not) of each path: mma.sync forward tiles with their
 // threads, mma.sync backward tiles x {128, 256} threads, and the wgmma tiles. The tma forward
 // path's candidates are the plans of tma_plans.h (sweep_tma_plans; empty here); the tma backward
-// path's are the tiles of its plans.
+// path's are the tiles of its plans for `head_dim` (0: of every head dim).
 std::vector<TileConfig> sweep_forward_tiles(ForwardPath path = ForwardPath::mma);
 std::vector<TmaForwardPlan> sweep_tma_plans(int64_t head_dim);
-std::vector<TileConfig> sweep_backward_tiles(BackwardPath path = BackwardPath::double_buffered);
+std::vector<TileConfig> sweep_backward_tiles(BackwardPath path = BackwardPath::double_buffered,
+                                             int64_t head_dim = 0);
 
 }  // namespace ft::attention

@@ -72,7 +72,8 @@ std::vector<Candidate> make_candidates(SweepAxis axis, const std::vector<Backwar
     fixed.backward_path = path;
     // A path whose tiles do not include the base's backward tile (tma: the plans' tiles) times
     // the forward tiles with its first tile.
-    const std::vector<TileConfig> path_tiles = attention::sweep_backward_tiles(path);
+    const std::vector<TileConfig> path_tiles =
+        attention::sweep_backward_tiles(path, problem.head_dim);
     if (!path_tiles.empty() &&
         std::find(path_tiles.begin(), path_tiles.end(), fixed.backward) == path_tiles.end()) {
       fixed.backward = path_tiles.front();
@@ -95,7 +96,7 @@ std::vector<Candidate> make_candidates(SweepAxis axis, const std::vector<Backwar
       }
     }
     if (axis != SweepAxis::forward) {
-      for (const TileConfig& tile : attention::sweep_backward_tiles(path)) {
+      for (const TileConfig& tile : path_tiles) {
         KernelConfig c = fixed;
         c.backward = tile;
         add(c, c == base ? "base" : "backward");
