@@ -668,9 +668,10 @@ struct DefaultRow {
 // better: llama3-1b at S=32768 9.61 ms against 10.15 (cuDNN 9.66 in another call), while short
 // sequences have too few 192-row work tiles to fill 132 multiprocessors (GPT-2, S=1024: 0.071
 // against 0.057 ms); the crossover is docs/PERF.md's "t9". The head-dim-64 backward runs three
-// consumer groups (64x192) at every length measured: 8-14% faster than 64x128 from B=32 S=1024
-// to B=1 S=32768 at llama3-1b's heads, 7% at GPT-2's (docs/PERF.md, b5); with a window or
-// segment ids it keeps 64x128 (not measured there).
+// consumer groups (64x192): in one call beside 64x128, GPT-2 0.182 against 0.190 ms and
+// llama3-1b at S=32768 29.77 against 31.19, and faster at every length from 1024 to 32768 in
+// the crossover (docs/PERF.md, b5); with a window or segment ids it keeps 64x128 (not measured
+// there).
 constexpr DefaultRow kDefaults[] = {
     {"sm80", 256, MaskClass::dense, 0, "fwd=128x64/128 bwd=64x128/256/double"},
     {"sm80", 256, MaskClass::local, 0, "fwd=64x64/128 bwd=64x64/128/double"},
