@@ -51,34 +51,68 @@ __device__ __forceinline__ void issue_score_products(float (&st)[BM / 2], float 
 
 // What the softmax step of a query tile reads besides the products.
 struct StepRows {
-  const float* lse;   // the tile's lse (natural log), BM values
+  const float* lse;   // the tile's lse, BM values (natural log, or log2 units: LSE_LOG2 below)
   const float* dsum;  // the tile's D = rowsum(dO * O), BM values
   int q0, k0, key_row, lane, seq_len;
-  bool partial;  // a mask boundary (or the end of the keys) cuts the tile
+  bool partial;  // a mask boundary (or the end of the keys) cuts this group's keys of the tile
 };
 
-// Softmax step, after issue_score_products: waits for S^T, makes it P^T = exp2(S^T * scale_log2 -
-// lse_log2) (zero where the mask hides a position of a cut tile; +inf lse for rows that see
-// nothing makes their P exactly 0), waits for dP^T, makes it dS^T = P^T (dP^T - D).
-template <int BM, bool SEG>
+// lse in log2 units, the form the exponentials use: +inf for a row that sees nothing (lse -inf),
+// so that its P is exactly 0.
+__device__ __forceinline__ float lse_log2(float lse) {
+  return lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+}
+
+// P^T = exp2(S^T * scale_log2 - lse_log2), in place; MASKED: zero where the mask hides a position
+// (the tiles a boundary cuts; a separate loop, so that the others test nothing per element).
+template <int BM, bool SEG, bool MASKED>
+__device__ __forceinline__ void probabilities(float (&st)[BM / 2], const float (&lse2)[BM / 8][2],
+                                              const FlashParams& p, const StepRows& r,
+                                              const int (&qids)[BM / 8][2], const int (&kid)[2]) {
+  constexpr int QT = BM / 8;
+  VisibleSpan span[2] = {};  // the queries that see this thread's two keys
+  if constexpr (MASKED) {
+    const int base = r.q0 + (r.lane % 4) * 2;  // this thread's first query of the tile
+    span[0] = visible_queries(p, r.k0 + r.key_row, base);
+    span[1] = visible_queries(p, r.k0 + r.key_row + 8, base);
+  }
+#pragma unroll
+  for (int qt = 0; qt < QT; ++qt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float pv = bf16_detail::fast_exp2(fmaf(st[4 * qt + e], p.scale_log2, -lse2[qt][e % 2]));
+      if constexpr (MASKED) {
+        bool ok = span[e / 2].contains(qt * 8 + (e % 2));
+        if (SEG) ok = ok && same_segment(qids[qt][e % 2], kid[e / 2]);
+        if (!ok) pv = 0.0f;
+      }
+      st[4 * qt + e] = pv;
+    }
+  }
+}
+
+// Softmax step, after issue_score_products: waits for S^T, makes it P^T (probabilities above),
+// waits for dP^T, makes it dS^T = P^T (dP^T - D). LSE_LOG2: r.lse is already in log2 units
+// (lse_log2(), written so by the tma backward's producer); otherwise it is converted here.
+template <int BM, bool SEG, bool LSE_LOG2 = false>
 __device__ __forceinline__ void probabilities_and_ds(float (&st)[BM / 2], float (&dpt)[BM / 2],
                                                      const FlashParams& p, const StepRows& r,
                                                      const SegmentChunk* chunk_row,
                                                      const int32_t* seg_row, const int (&kid)[2]) {
   constexpr int QT = BM / 8;
   const int lane = r.lane;
-  float lse2[QT][2];  // in log2 units
+  float lse2[QT][2];
 #pragma unroll
   for (int qt = 0; qt < QT; ++qt) {
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       const float l = r.lse[qt * 8 + (lane % 4) * 2 + c];
-      lse2[qt][c] = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
+      lse2[qt][c] = LSE_LOG2 ? l : lse_log2(l);
     }
   }
   // Segment ids of this thread's query columns (a query tile inside one document needs no
   // per-query read).
-  int qids[QT][2];
+  int qids[QT][2] = {};
   if (SEG && r.partial) {
     const UniformSegment queries_seg = uniform_segment(chunk_row, r.q0, min(r.q0 + BM, r.seq_len));
 #pragma unroll
@@ -92,20 +126,10 @@ __device__ __forceinline__ void probabilities_and_ds(float (&st)[BM / 2], float 
   }
   hopper::wg_wait<1>();
   hopper::pin(st);
-#pragma unroll
-  for (int qt = 0; qt < QT; ++qt) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float pv = bf16_detail::fast_exp2(fmaf(st[4 * qt + e], p.scale_log2, -lse2[qt][e % 2]));
-      if (r.partial) {
-        const int i = r.q0 + qt * 8 + (lane % 4) * 2 + (e % 2);
-        const int j = r.k0 + r.key_row + 8 * (e / 2);
-        bool ok = allowed_position(p, i, j);
-        if (SEG) ok = ok && same_segment(qids[qt][e % 2], kid[e / 2]);
-        if (!ok) pv = 0.0f;
-      }
-      st[4 * qt + e] = pv;
-    }
+  if (r.partial) {
+    probabilities<BM, SEG, true>(st, lse2, p, r, qids, kid);
+  } else {
+    probabilities<BM, SEG, false>(st, lse2, p, r, qids, kid);
   }
   hopper::wg_wait<0>();
   hopper::pin(dpt);

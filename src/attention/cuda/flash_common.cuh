@@ -138,6 +138,31 @@ __device__ __forceinline__ bool allowed_position(const FlashParams& p, int i, in
   return true;
 }
 
+// The position part of the mask as one row's span: the positions [lo, hi) of the other side that
+// causal and window leave visible, relative to `base` (a thread's first column of the tile).
+// After unrolling, a column's test is two compares with constants, where allowed_position()
+// chains three tests per element; the spans say the same (the GPU accuracy grid checks every
+// kernel that uses them against the fp64 reference).
+struct VisibleSpan {
+  int lo, hi;
+  __device__ __forceinline__ bool contains(int column) const { return column >= lo && column < hi; }
+};
+// The keys that query i sees (allowed_position(p, i, j) for j = base + column).
+__device__ __forceinline__ VisibleSpan visible_keys(const FlashParams& p, int i, int base) {
+  const int lo = p.window > 0 ? i - (p.window - 1) : 0;
+  const int hi = p.causal ? min(i + 1, p.seq_len) : p.seq_len;
+  return {lo - base, hi - base};
+}
+// The queries that see key j (allowed_position(p, i, j) for i = base + column; none where the
+// key is past the end). Queries past the end are left out too: their dO rows are zero, so they
+// add nothing to a gradient either way.
+__device__ __forceinline__ VisibleSpan visible_queries(const FlashParams& p, int j, int base) {
+  if (j >= p.seq_len) return {0, 0};
+  const int lo = p.causal ? j : 0;
+  const int hi = p.window > 0 ? min(j + p.window, p.seq_len) : p.seq_len;
+  return {lo - base, hi - base};
+}
+
 // The segment part, with both ids already read: a query that is padding (qid < 0) sees nothing,
 // and a key is seen only from its own segment.
 __device__ __forceinline__ bool same_segment(int qid, int kid) {

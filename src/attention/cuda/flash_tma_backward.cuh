@@ -5,17 +5,20 @@
 // A block owns block_n keys of one kv head (K and V stay in shared memory) and walks every query
 // tile (64 rows) of every query head of its GQA group that can see those keys. It is made of
 //   - a producer warpgroup that gives most of its registers away; one warp of it loads K and V
-//     once, then per step Q and dO by TMA and lse and D by plain loads into a ring of `stages`
-//     slots, with the step's query head, rows and mask cover; a last slot with no head ends;
+//     once, then per step Q and dO by TMA and lse (in log2 units) and D by plain loads into a
+//     ring of `stages` slots, with the step's query head, rows and each consumer's mask cover;
+//     a last slot with no head ends;
 //   - two or three consumer warpgroups (the plan's block_n / 64), 64 keys each, whose dK and dV
 //     stay in registers over all steps.
-// A consumer's step: S^T = K Q^T and dP^T = V dO^T (shared-memory products; P^T is computed
-// while dP^T runs), dS^T = P^T (dP^T - D), dS^T into shared memory (two buffers; where the groups
-// split dQ's columns the other group reads it too), then dQ = dS K from shared memory and
-// dV += P^T dO, dK += dS^T Q with the left operand from registers. Its dQ part (64 rows x 64
-// columns, fp32) goes into a staging tile (two per consumer, alternating, guarded by mbarriers) and
-// one thread of the producer warpgroup, the dQ writer, adds it to the fp32 dQ buffer by TMA
-// reductions: no consumer thread waits on global memory.
+// A consumer's step (skipped where the mask hides all of its keys from the step's queries, unless
+// the other group reads its dS^T): S^T = K Q^T and dP^T = V dO^T (shared-memory products; P^T is
+// computed while dP^T runs), dS^T = P^T (dP^T - D), dS^T into shared memory (two buffers; where
+// the groups split dQ's columns the other group reads it too), then dQ = dS K from shared memory
+// and dV += P^T dO, dK += dS^T Q with the left operand from registers. Its dQ part (64 rows x 64
+// columns, fp32) goes into a staging tile (two per consumer, alternating, guarded by mbarriers)
+// and one thread of the producer warpgroup, the dQ writer, adds it to the fp32 dQ buffer by TMA
+// reductions: no consumer thread waits on global memory. At the end a group's dK and dV leave
+// the same way, through its staging tiles and TMA stores.
 //
 // The grid's order (KeyBlockTile): (batch, kv head) pairs in groups whose Q and dO fit half the
 // L2, key blocks outermost within a group, so that under a causal mask the longest blocks start
@@ -24,9 +27,10 @@
 //
 // Deterministic mode (FlashParams::dq_semaphore): the reductions into each query tile of dQ
 // happen in a fixed order, key block by key block (then consumer by consumer where their parts
-// meet): a counter per query tile says whose turn it is, and only the writer waits for it. Tiles
-// that segment ids hide are then computed (fully masked, a zero part) rather than skipped, so that
-// every key block in a query tile's range takes its turn.
+// meet): a counter per query tile says whose turn it is, and only the writer waits for it. Steps
+// that the mask hides from every group are then sent rather than skipped, so that every key block
+// in a query tile's range takes its turn: a group with nothing to add hands the writer an empty
+// record, whose turn the writer passes (where the groups split dQ's columns, zeros computed).
 #pragma once
 
 #include <algorithm>
@@ -58,15 +62,25 @@ using namespace hopper;
 
 struct TmaBackwardArgs {
   CUtensorMap q, k, v, dout, dq;
+  CUtensorMap dk, dv;  // stores of 64 key rows (the epilogue)
   FlashParams p;
   int pairs_per_group;  // KeyBlockTile's group size
 };
 
 // What a ring slot carries besides its tiles: the step's query head (< 0: no more steps), its
-// first query row and its mask cover.
+// first query row and each consumer group's mask cover (group_cover()).
 struct StepInfo {
-  int head, q0, cover, unused;
+  int head, q0, covers, unused;
 };
+
+// The covers of a step, two bits a consumer group: where the mask leaves all of the group's 64
+// keys of the block visible to the step's queries, cuts them, or hides them all.
+__device__ __forceinline__ int with_group_cover(int covers, int g, Cover c) {
+  return covers | (static_cast<int>(c) << (2 * g));
+}
+__device__ __forceinline__ Cover group_cover(int covers, int g) {
+  return static_cast<Cover>((covers >> (2 * g)) & 3);
+}
 
 // ---- shared memory ----
 
@@ -137,6 +151,10 @@ struct BackwardSmem {
     return at<StepInfo>(kDqInfo) + slot * kGroups + g;
   }
 };
+
+// Named barrier ids: 1 (both groups) or 1 + g for dS^T (ds_stored below); kEpilogueBarrier + g
+// for a group's epilogue.
+inline constexpr int kEpilogueBarrier = 4;
 
 // Named barriers: dS^T is complete, for the products that read it: both groups' (dQ over every
 // key of the block, when the groups split dQ's columns), or group g's own (each group's dQ part
@@ -215,8 +233,14 @@ __device__ __forceinline__ void produce(const TmaBackwardArgs& a, const Backward
   }
   const SegmentChunk* chunk_row =
       SEG ? p.segment_chunks + int64_t{b} * p.chunks_per_row() : nullptr;
-  const SegmentChunk k_span =
-      SEG ? combine_chunks(chunk_row, steps.k0, steps.k1) : SegmentChunk{0, 0, 0, 0};
+  // Each consumer group's keys [k0 + 64 g, + 64) and their segment span.
+  constexpr int kGroups = P.consumer_groups();
+  SegmentChunk k_spans[kGroups];
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    const int gk0 = steps.k0 + 64 * g, gk1 = min(gk0 + 64, S);
+    k_spans[g] = SEG && gk0 < S ? combine_chunks(chunk_row, gk0, gk1) : SegmentChunk{0, 0, 0, 0};
+  }
   const bool deterministic = p.dq_semaphore != nullptr;
   RingPosition<P.stages> ring;
   // Hands the consumers one slot: the step's record, lse and D of its rows (every lane writes
@@ -231,7 +255,7 @@ __device__ __forceinline__ void produce(const TmaBackwardArgs& a, const Backward
       for (int i = lane; i < BM; i += 32) {
         const int r = info.q0 + i;
         // Rows past the end see nothing: lse -inf makes their P zero (as for empty rows).
-        s.lse(ring.slot)[i] = r < S ? p.lse[row + r] : -INFINITY;
+        s.lse(ring.slot)[i] = r < S ? backward_step::lse_log2(p.lse[row + r]) : INFINITY;
         s.dsum(ring.slot)[i] = r < S ? p.dsum[row + r] : 0.0f;
       }
     }
@@ -258,12 +282,24 @@ __device__ __forceinline__ void produce(const TmaBackwardArgs& a, const Backward
     const int h = hk * p.group() + t / steps.q_blocks;
     const int q0 = (steps.qb_begin + t % steps.q_blocks) * BM, q1 = min(q0 + BM, S);
     const SegmentChunk q_span = SEG ? combine_chunks(chunk_row, q0, q1) : SegmentChunk{0, 0, 0, 0};
-    Cover cover = classify_spans(p, SEG, q_span, k_span, q0, q1, steps.k0, steps.k1);
-    if (cover == Cover::hidden) {
-      if (!deterministic) continue;
-      cover = Cover::partial;  // every pair masked: a zero part, but the turn is taken
+    int covers = 0;
+    bool seen = false;
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      const int gk0 = steps.k0 + 64 * g, gk1 = min(gk0 + 64, S);
+      Cover c =
+          gk0 < S ? classify_spans(p, SEG, q_span, k_spans[g], q0, q1, gk0, gk1) : Cover::hidden;
+      if (c == Cover::full && gk0 + 64 > S) c = Cover::partial;  // the keys end inside the group
+      seen = seen || c != Cover::hidden;
+      // Where the groups split dQ's columns, each reads the other's dS^T: a hidden group computes
+      // its zeros.
+      if (c == Cover::hidden && P.dq_splits_columns()) c = Cover::partial;
+      covers = with_group_cover(covers, g, c);
     }
-    send({h, q0, static_cast<int>(cover), 0}, true);
+    // A step that no group sees is skipped, except in deterministic mode: there every group
+    // hands the writer an empty part, so that its turn is taken.
+    if (!seen && !deterministic) continue;
+    send({h, q0, covers, 0}, true);
   }
   send({-1, 0, 0, 0}, false);
 }
@@ -325,8 +361,9 @@ __device__ __forceinline__ int* turn_counter(const FlashParams& p, const KeyBloc
 }
 
 // One thread of the producer warpgroup: per step, each consumer's staged dQ part into the dQ
-// buffer by TMA reductions (in deterministic mode once it is the part's turn), then the staging
-// tiles back to the consumers once the copy engine has read them. A record with no head ends.
+// buffer by TMA reductions (in deterministic mode once it is the part's turn; a group that
+// skipped the step staged nothing, and only passes its turn), then the staging tiles back to the
+// consumers once the copy engine has read them. A record with no head ends.
 template <int PLAN>
 __device__ __forceinline__ void write_dq(const TmaBackwardArgs& a, const BackwardSmem<PLAN>& s) {
   constexpr TmaBackwardPlan P = kTmaBackwardPlans[PLAN];
@@ -345,10 +382,16 @@ __device__ __forceinline__ void write_dq(const TmaBackwardArgs& a, const Backwar
         tma_store_wait_all();
         return;
       }
+      const bool empty = group_cover(info.covers, g) == Cover::hidden;  // nothing staged
+      if (empty && !deterministic) continue;
       int turn = 0;
       int* counter =
           deterministic ? turn_counter<PLAN>(p, tile, info.head, info.q0, g, turn) : nullptr;
       if (deterministic) wait_turn(counter, turn);
+      if (empty) {
+        pass_turn(counter);
+        continue;
+      }
       const float* staged = s.dq(ring.slot, g);
 #pragma unroll
       for (int box = 0; box < 2; ++box) {
@@ -361,6 +404,46 @@ __device__ __forceinline__ void write_dq(const TmaBackwardArgs& a, const Backwar
     tma_store_wait_read();
     for (int g = 0; g < kGroups; ++g) mbar_arrive(s.dq_empty(ring.slot, g));
     ring.advance();
+  }
+}
+
+// The epilogue: group g's dK (scaled) and dV, bf16, through its two staging tiles (free by now:
+// dK in one, dV in the other, as 64-row panels) and TMA stores, so that no consumer thread waits
+// on scattered global stores (rows past the end are dropped by the copy engine).
+template <int PLAN>
+__device__ __forceinline__ void store_dk_dv(
+    const TmaBackwardArgs& a, const BackwardSmem<PLAN>& s, int g, int key0,
+    const KeyBlockTile& tile, const float (&dk)[kTmaBackwardPlans[PLAN].head_dim / 2],
+    const float (&dv)[kTmaBackwardPlans[PLAN].head_dim / 2]) {
+  constexpr TmaBackwardPlan P = kTmaBackwardPlans[PLAN];
+  constexpr int D = P.head_dim, DT = D / 8;
+  static_assert(int64_t{64} * D * 2 <= P.dq_tile_bytes(), "dK and dV fit the staging tiles");
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  auto* dk_tile = reinterpret_cast<__nv_bfloat16*>(s.dq(0, g));
+  auto* dv_tile = reinterpret_cast<__nv_bfloat16*>(s.dq(1, g));
+  const float scale = a.p.scale;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = warp * 16 + lane / 4 + 8 * half;
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+      const int at = panel_offset<64>(r, dt * 8 + (lane % 4) * 2);
+      *reinterpret_cast<uint32_t*>(dk_tile + at) =
+          pack_bf16(dk[4 * dt + 2 * half] * scale, dk[4 * dt + 2 * half + 1] * scale);
+      *reinterpret_cast<uint32_t*>(dv_tile + at) =
+          pack_bf16(dv[4 * dt + 2 * half], dv[4 * dt + 2 * half + 1]);
+    }
+  }
+  fence_async_shared();
+  named_sync(kEpilogueBarrier + g, 128);
+  if (tid == 0 && key0 < a.p.seq_len) {
+#pragma unroll
+    for (int panel = 0; panel < D / kPanel; ++panel) {
+      tma_store(&a.dk, dk_tile + panel * 64 * kPanel, panel * kPanel, tile.hk, key0, tile.b);
+      tma_store(&a.dv, dv_tile + panel * 64 * kPanel, panel * kPanel, tile.hk, key0, tile.b);
+    }
+    tma_store_commit();
+    tma_store_wait_read();  // the block's shared memory outlives the copy engine's reads
   }
 }
 
@@ -379,7 +462,7 @@ __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const Backward
   const FlashParams& p = a.p;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const KeyBlockTile tile(p, (p.seq_len + BN - 1) / BN, a.pairs_per_group);
-  const int hk = tile.hk, b = tile.b, S = p.seq_len;
+  const int b = tile.b, S = p.seq_len;
   const KeyBlockSteps steps(p, tile, BM, BN);
   const int k0 = steps.k0;
 
@@ -418,7 +501,20 @@ __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const Backward
     const StepInfo info = *s.info(ring.slot);
     if (info.head < 0) break;
     const int stage = ring.slot, q0 = info.q0;
-    const bool partial = k0 + BN > S || info.cover == static_cast<int>(Cover::partial);
+    const Cover cover = group_cover(info.covers, g);
+    if (!kDqSplitsColumns && cover == Cover::hidden) {
+      // The mask hides this group's keys from the step's queries: no products, and an empty
+      // record for the writer (it skips the part, or in deterministic mode passes its turn).
+      mbar_wait(s.dq_empty(dq_ring.slot, g), dq_ring.parity ^ 1);
+      if (tid == 0) *s.dq_info(dq_ring.slot, g) = info;
+      __syncwarp();
+      if (lane == 0) mbar_arrive(s.dq_full(dq_ring.slot, g));
+      dq_ring.advance();
+      mbar_arrive(s.empty(stage));
+      ring.advance();
+      continue;
+    }
+    const bool partial = cover == Cover::partial;
     const uint64_t q_stage = advance(q_desc, stage * kStageBytes);
     const uint64_t do_stage = advance(do_desc, stage * kStageBytes);
     const float* lse_t = s.lse(stage);
@@ -431,7 +527,7 @@ __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const Backward
     pin(dv);
     backward_step::issue_score_products<BM, BN, D>(st, dpt, k_rows, v_rows, q_stage, do_stage);
     const backward_step::StepRows rows{lse_t, dsum_t, q0, k0, key_row, lane, S, partial};
-    backward_step::probabilities_and_ds<BM, SEG>(st, dpt, p, rows, chunk_row, seg_row, kid);
+    backward_step::probabilities_and_ds<BM, SEG, true>(st, dpt, p, rows, chunk_row, seg_row, kid);
 
     // P^T and dS^T as register operands; dS^T also into this step's buffer ([key][query], one
     // panel) for dQ.
@@ -506,22 +602,10 @@ __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const Backward
   if (tid == 0) *s.dq_info(dq_ring.slot, g) = {-1, 0, 0, 0};
   __syncwarp();
   if (lane == 0) mbar_arrive(s.dq_full(dq_ring.slot, g));
-
-  auto* dk_base = static_cast<__nv_bfloat16*>(p.dk) + int64_t{b} * S * p.dk_row + hk * D;
-  auto* dv_base = static_cast<__nv_bfloat16*>(p.dv) + int64_t{b} * S * p.dv_row + hk * D;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int j = k0 + key_row + 8 * half;
-    if (j >= S) continue;
-#pragma unroll
-    for (int dt = 0; dt < DT; ++dt) {
-      const int col = dt * 8 + (lane % 4) * 2;
-      *reinterpret_cast<uint32_t*>(dk_base + j * p.dk_row + col) =
-          pack_bf16(dk[4 * dt + 2 * half] * p.scale, dk[4 * dt + 2 * half + 1] * p.scale);
-      *reinterpret_cast<uint32_t*>(dv_base + j * p.dv_row + col) =
-          pack_bf16(dv[4 * dt + 2 * half], dv[4 * dt + 2 * half + 1]);
-    }
-  }
+  // The other staging tile is free once the writer has read the last part from it.
+  dq_ring.advance();
+  mbar_wait(s.dq_empty(dq_ring.slot, g), dq_ring.parity ^ 1);
+  store_dk_dv<PLAN>(a, s, g, k0 + key_base, tile, dk, dv);
 }
 
 // ---- the kernel ----
@@ -584,6 +668,8 @@ void launch_tma_backward(const FlashParams& p, cudaStream_t stream) {
   a.k = head_tensor_map(p.k, p.batch, p.seq_len, p.kv_heads, P.head_dim, p.k_row, P.block_n);
   a.v = head_tensor_map(p.v, p.batch, p.seq_len, p.kv_heads, P.head_dim, p.v_row, P.block_n);
   a.dq = dq_tensor_map(p.dq_accum, p.batch, p.seq_len, p.q_heads, P.head_dim);
+  a.dk = head_tensor_map(p.dk, p.batch, p.seq_len, p.kv_heads, P.head_dim, p.dk_row, 64);
+  a.dv = head_tensor_map(p.dv, p.batch, p.seq_len, p.kv_heads, P.head_dim, p.dv_row, 64);
   a.p = p;
   a.pairs_per_group = pairs_of_group(p);
   auto kernel =

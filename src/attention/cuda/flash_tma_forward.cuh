@@ -316,14 +316,18 @@ __device__ __forceinline__ void mask_scores(float (&s)[NT * 4], const FlashParam
                                             const int (&rows)[2], const int (&qid)[2],
                                             const int32_t* seg_row, UniformSegment keys_seg, int k0,
                                             int lane, float masked) {
+  const int base = k0 + (lane % 4) * 2;  // this thread's first key of the tile
+  const VisibleSpan span[2] = {visible_keys(p, rows[0], base), visible_keys(p, rows[1], base)};
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int i = rows[e / 2];
-      const int j = k0 + nt * 8 + (lane % 4) * 2 + (e % 2);
-      bool ok = allowed_position(p, i, j);
-      if (SEG) ok = ok && same_segment(qid[e / 2], keys_seg.uniform ? keys_seg.id : seg_row[j]);
+      const int column = nt * 8 + (e % 2);
+      bool ok = span[e / 2].contains(column);
+      if (SEG) {
+        ok =
+            ok && same_segment(qid[e / 2], keys_seg.uniform ? keys_seg.id : seg_row[base + column]);
+      }
       if (!ok) s[4 * nt + e] = masked;
     }
   }

@@ -36,6 +36,7 @@
 
 #include "core/cuda/capture_state.h"
 #include "core/cuda/check.h"
+#include "core/cuda/event_timer.h"
 #include "core/cuda/gemm.h"
 #include "core/cuda/graph.h"
 #include "core/cuda/runtime.h"
@@ -323,28 +324,22 @@ std::optional<cublasLtMatmulAlgo_t> fastest_algo(const MatmulCall& call,
     FT_CUDA_CHECK(cudaMemsetAsync(scratch.raw(), 0, c_bytes, current_stream()));
     c = scratch.raw();
   }
-  cudaEvent_t start = nullptr, stop = nullptr;
-  FT_CUDA_CHECK(cudaEventCreate(&start));
-  FT_CUDA_CHECK(cudaEventCreate(&stop));
+  EventTimer timer(1);
   std::optional<cublasLtMatmulAlgo_t> best;
-  float best_ms = 0.0f;
+  double best_ms = 0.0;
   for (int i = 0; i < found; ++i) {
     if (call.run(results[i].algo, c) != CUBLAS_STATUS_SUCCESS) continue;  // untimed run
-    FT_CUDA_CHECK(cudaEventRecord(start, current_stream()));
+    timer.start(0);
     bool ok = true;
     for (int r = 0; r < kTuneRuns && ok; ++r)
       ok = call.run(results[i].algo, c) == CUBLAS_STATUS_SUCCESS;
-    FT_CUDA_CHECK(cudaEventRecord(stop, current_stream()));
-    FT_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    FT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    timer.stop(0);
+    const double ms = timer.elapsed_ms()[0];
     if (ok && (!best || ms < best_ms)) {
       best = results[i].algo;
       best_ms = ms;
     }
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   if (best) g_tuned.fetch_add(1);
   return best;
 }
