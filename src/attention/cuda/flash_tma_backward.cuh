@@ -254,7 +254,8 @@ __device__ __forceinline__ void produce(const TmaBackwardArgs& a, const Backward
 #pragma unroll
       for (int i = lane; i < BM; i += 32) {
         const int r = info.q0 + i;
-        // Rows past the end see nothing: lse -inf makes their P zero (as for empty rows).
+        // Rows past the end see nothing: lse +inf (log2 units) makes their P zero, as for rows
+        // that see no key.
         s.lse(ring.slot)[i] = r < S ? backward_step::lse_log2(p.lse[row + r]) : INFINITY;
         s.dsum(ring.slot)[i] = r < S ? p.dsum[row + r] : 0.0f;
       }
@@ -449,6 +450,25 @@ __device__ __forceinline__ void store_dk_dv(
 
 // ---- consumer ----
 
+// Group g's side of its dQ staging tiles: wait until the writer has read the tile at dq_ring
+// (its part of two records ago)...
+template <int PLAN>
+__device__ __forceinline__ void wait_dq_tile(const BackwardSmem<PLAN>& s,
+                                             const RingPosition<2>& dq_ring, int g) {
+  mbar_wait(s.dq_empty(dq_ring.slot, g), dq_ring.parity ^ 1);
+}
+// ...then hand the writer the record of what it holds (a staged part, an empty one, or the end)
+// and move to the other tile.
+template <int PLAN>
+__device__ __forceinline__ void post_dq_record(const BackwardSmem<PLAN>& s,
+                                               RingPosition<2>& dq_ring, int g,
+                                               const StepInfo& info, int tid, int lane) {
+  if (tid == 0) *s.dq_info(dq_ring.slot, g) = info;
+  __syncwarp();
+  if (lane == 0) mbar_arrive(s.dq_full(dq_ring.slot, g));
+  dq_ring.advance();
+}
+
 template <int PLAN, bool SEG>
 __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const BackwardSmem<PLAN>& s,
                                         int g) {
@@ -505,11 +525,8 @@ __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const Backward
     if (!kDqSplitsColumns && cover == Cover::hidden) {
       // The mask hides this group's keys from the step's queries: no products, and an empty
       // record for the writer (it skips the part, or in deterministic mode passes its turn).
-      mbar_wait(s.dq_empty(dq_ring.slot, g), dq_ring.parity ^ 1);
-      if (tid == 0) *s.dq_info(dq_ring.slot, g) = info;
-      __syncwarp();
-      if (lane == 0) mbar_arrive(s.dq_full(dq_ring.slot, g));
-      dq_ring.advance();
+      wait_dq_tile(s, dq_ring, g);
+      post_dq_record(s, dq_ring, g, info, tid, lane);
       mbar_arrive(s.empty(stage));
       ring.advance();
       continue;
@@ -579,13 +596,10 @@ __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const Backward
 
     // The dQ part into this step's staging tile, for the writer thread, once the copy engine
     // has read the tile's last part.
-    mbar_wait(s.dq_empty(dq_ring.slot, g), dq_ring.parity ^ 1);
+    wait_dq_tile(s, dq_ring, g);
     stage_dq(s.dq(dq_ring.slot, g), dq, warp, lane);
     fence_async_shared();
-    if (tid == 0) *s.dq_info(dq_ring.slot, g) = info;
-    __syncwarp();
-    if (lane == 0) mbar_arrive(s.dq_full(dq_ring.slot, g));
-    dq_ring.advance();
+    post_dq_record(s, dq_ring, g, info, tid, lane);
 
     wg_wait<0>();
     pin(dv);
@@ -597,14 +611,11 @@ __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const Backward
     mbar_arrive(s.empty(stage));
     ring.advance();
   }
-  // The writer's end record.
-  mbar_wait(s.dq_empty(dq_ring.slot, g), dq_ring.parity ^ 1);
-  if (tid == 0) *s.dq_info(dq_ring.slot, g) = {-1, 0, 0, 0};
-  __syncwarp();
-  if (lane == 0) mbar_arrive(s.dq_full(dq_ring.slot, g));
-  // The other staging tile is free once the writer has read the last part from it.
-  dq_ring.advance();
-  mbar_wait(s.dq_empty(dq_ring.slot, g), dq_ring.parity ^ 1);
+  // The writer's end record; the other staging tile is free once the writer has read the last
+  // part from it.
+  wait_dq_tile(s, dq_ring, g);
+  post_dq_record(s, dq_ring, g, {-1, 0, 0, 0}, tid, lane);
+  wait_dq_tile(s, dq_ring, g);
   store_dk_dv<PLAN>(a, s, g, k0 + key_base, tile, dk, dv);
 }
 
