@@ -181,6 +181,11 @@ struct TmaBackwardPlan {
     return r > 240 ? 240 : r;
   }
 
+  // A step's lse and D values go into registers before its products are issued (so that their
+  // shared-memory loads do not queue behind the products' operand reads) where a consumer has
+  // the registers for them.
+  constexpr bool reads_rows_early() const { return consumer_registers() >= 240; }
+
   constexpr bool operator==(const TmaBackwardPlan& o) const {
     return head_dim == o.head_dim && block_m == o.block_m && block_n == o.block_n &&
            stages == o.stages;

@@ -91,25 +91,55 @@ __device__ __forceinline__ void probabilities(float (&st)[BM / 2], const float (
   }
 }
 
+// This thread's values of the step's per-query rows: lse in log2 units and D, for its query
+// columns qt * 8 + (lane % 4) * 2 + {0, 1}.
+template <int BM>
+struct RowValues {
+  float lse2[BM / 8][2], dsum[BM / 8][2];
+};
+// LSE_LOG2: r.lse is already in log2 units (lse_log2(), written so by the tma backward's
+// producer); otherwise it is converted here.
+template <int BM, bool LSE_LOG2>
+__device__ __forceinline__ void read_lse(const StepRows& r, RowValues<BM>& v) {
+#pragma unroll
+  for (int qt = 0; qt < BM / 8; ++qt) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const float l = r.lse[qt * 8 + (r.lane % 4) * 2 + c];
+      v.lse2[qt][c] = LSE_LOG2 ? l : lse_log2(l);
+    }
+  }
+}
+template <int BM>
+__device__ __forceinline__ void read_dsum(const StepRows& r, RowValues<BM>& v) {
+#pragma unroll
+  for (int qt = 0; qt < BM / 8; ++qt) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) v.dsum[qt][c] = r.dsum[qt * 8 + (r.lane % 4) * 2 + c];
+  }
+}
+// Both, before the step's products are issued, where registers allow (the tma backward at 240
+// registers a consumer): read later, the loads queue in the shared-memory pipe behind the
+// products' operand reads and the first exponentials wait on them.
+template <int BM, bool LSE_LOG2>
+__device__ __forceinline__ void read_row_values(const StepRows& r, RowValues<BM>& v) {
+  read_lse<BM, LSE_LOG2>(r, v);
+  read_dsum<BM>(r, v);
+}
+
 // Softmax step, after issue_score_products: waits for S^T, makes it P^T (probabilities above),
-// waits for dP^T, makes it dS^T = P^T (dP^T - D). LSE_LOG2: r.lse is already in log2 units
-// (lse_log2(), written so by the tma backward's producer); otherwise it is converted here.
-template <int BM, bool SEG, bool LSE_LOG2 = false>
+// waits for dP^T, makes it dS^T = P^T (dP^T - D). ROWS_READ: `rows` holds the row values
+// already (read_row_values()); otherwise lse is read before the first wait and D after the
+// second, which keeps fewer registers live.
+template <int BM, bool SEG, bool LSE_LOG2, bool ROWS_READ>
 __device__ __forceinline__ void probabilities_and_ds(float (&st)[BM / 2], float (&dpt)[BM / 2],
                                                      const FlashParams& p, const StepRows& r,
+                                                     RowValues<BM>& rows,
                                                      const SegmentChunk* chunk_row,
                                                      const int32_t* seg_row, const int (&kid)[2]) {
   constexpr int QT = BM / 8;
   const int lane = r.lane;
-  float lse2[QT][2];
-#pragma unroll
-  for (int qt = 0; qt < QT; ++qt) {
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const float l = r.lse[qt * 8 + (lane % 4) * 2 + c];
-      lse2[qt][c] = LSE_LOG2 ? l : lse_log2(l);
-    }
-  }
+  if constexpr (!ROWS_READ) read_lse<BM, LSE_LOG2>(r, rows);
   // Segment ids of this thread's query columns (a query tile inside one document needs no
   // per-query read).
   int qids[QT][2] = {};
@@ -127,18 +157,18 @@ __device__ __forceinline__ void probabilities_and_ds(float (&st)[BM / 2], float 
   hopper::wg_wait<1>();
   hopper::pin(st);
   if (r.partial) {
-    probabilities<BM, SEG, true>(st, lse2, p, r, qids, kid);
+    probabilities<BM, SEG, true>(st, rows.lse2, p, r, qids, kid);
   } else {
-    probabilities<BM, SEG, false>(st, lse2, p, r, qids, kid);
+    probabilities<BM, SEG, false>(st, rows.lse2, p, r, qids, kid);
   }
   hopper::wg_wait<0>();
   hopper::pin(dpt);
+  if constexpr (!ROWS_READ) read_dsum<BM>(r, rows);
 #pragma unroll
   for (int qt = 0; qt < QT; ++qt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float dsum = r.dsum[qt * 8 + (lane % 4) * 2 + e % 2];
-      dpt[4 * qt + e] = st[4 * qt + e] * (dpt[4 * qt + e] - dsum);
+      dpt[4 * qt + e] = st[4 * qt + e] * (dpt[4 * qt + e] - rows.dsum[qt][e % 2]);
     }
   }
 }
