@@ -544,7 +544,9 @@ __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const Backward
     pin(dv);
     const backward_step::StepRows rows{lse_t, dsum_t, q0, k0, key_row, lane, S, partial};
     backward_step::RowValues<BM> values;
-    constexpr bool kEarly = P.reads_rows_early();
+    // Not with segment ids: their masked steps keep more live, and the early values spilled
+    // (ptxas: 412 bytes against 212; window + documents 4.27 -> 5.21 ms, b7 in PERF.md).
+    constexpr bool kEarly = P.reads_rows_early() && !SEG;
     if constexpr (kEarly) backward_step::read_row_values<BM, true>(rows, values);
     backward_step::issue_score_products<BM, BN, D>(st, dpt, k_rows, v_rows, q_stage, do_stage);
     backward_step::probabilities_and_ds<BM, SEG, true, kEarly>(st, dpt, p, rows, values, chunk_row,
