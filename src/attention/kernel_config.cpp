@@ -487,7 +487,7 @@ std::string tma_forward_reason(const KernelConfig& c, int64_t head_dim) {
 }
 
 // tma backward: the tile must be a plan of tma_plans.h for this head dim, with its threads (one
-// producer warpgroup and one consumer warpgroup per 64 keys).
+// producer warpgroup and one consumer warpgroup per 64 keys, two at head dim 256).
 std::string tma_backward_reason(const TileConfig& t, int64_t head_dim) {
   const TmaBackwardPlan* plan = find_tma_backward_plan(t, head_dim);
   if (plan == nullptr) {
@@ -652,14 +652,14 @@ struct DefaultRow {
 // (docs/PERF.md, "The tma forward", 2026-12-01): dense masks run the tma forward, 128x128 with
 // two ring stages and turns: at B=32 S=4096 Hq=16 Hkv=4 D=128 causal 3.8-3.9 ms (the wgmma
 // 128x128 forward 6.17 ms), at the GPT-2 shape (D=64) 0.061 ms (wgmma 64x128: 0.069 ms); head
-// dim 256 has only the tma forward (128x64, the largest that fits) and no backward kernel. With
+// dim 256 has only the tma forward (128x64, the largest that fits) and the tma backward's one
+// plan there (64x64: two consumer groups share 64 keys, each half of the head dim). With
 // a window or segment ids (many short work tiles) the wgmma 64x64 forward stays faster (1.88 ms
 // against 2.03 ms for the best tma plan at window 512 + 5 documents). The backward is the tma
 // path's at head dims 64 and 128 (PERF.md, "The tma backward": hero causal 13.2 ms against the
 // wgmma 64x128's 16.9, window + documents 5.09 against 6.06-6.57, llama3-1b at S=32768 34.1
 // against 39.0, GPT-2 0.195 against the wgmma 64x64's 0.193-0.196; `flashtrain sweep
-// --all-paths` on the H200 picks these rows at the hero and GPT-2 shapes, docs/SWEEP.md); head
-// dim 256 keeps the wgmma rows, which refuse it. Head dim
+// --all-paths` on the H200 picks these rows at the hero and GPT-2 shapes, docs/SWEEP.md). Head dim
 // 32 keeps the mma.sync rows, the fastest correct of `flashtrain sweep --all-paths` before the
 // wgmma path (docs/SWEEP.md). sm100 takes sm90's mma.sync rows unmeasured (wgmma is sm90 only),
 // sm80 the same tiles (they fit its shared memory); sm86/89 and sm120 (99 KB per block) the
@@ -682,9 +682,9 @@ constexpr DefaultRow kDefaults[] = {
     {"sm90", 64, MaskClass::dense, kLongSeqLen, "fwd=192x128/512/tma/s2/pp bwd=64x192/512/tma"},
     {"sm90", 64, MaskClass::dense, 0, "fwd=128x128/384/tma/s2/pp bwd=64x192/512/tma"},
     {"sm90", 128, MaskClass::dense, 0, "fwd=128x128/384/tma/s2/pp bwd=64x128/384/tma"},
-    {"sm90", 256, MaskClass::dense, 0, "fwd=128x64/384/tma/s2/pp bwd=64x128/256/wgmma"},
+    {"sm90", 256, MaskClass::dense, 0, "fwd=128x64/384/tma/s2/pp bwd=64x64/384/tma"},
     {"sm90", 128, MaskClass::local, 0, "fwd=64x64/128/wgmma bwd=64x128/384/tma"},
-    {"sm90", 256, MaskClass::local, 0, "fwd=128x64/384/tma/s2/pp bwd=64x64/128/wgmma"},
+    {"sm90", 256, MaskClass::local, 0, "fwd=128x64/384/tma/s2/pp bwd=64x64/384/tma"},
     {"sm100", 256, MaskClass::dense, 0, "fwd=128x64/128 bwd=64x128/256/double"},
     {"sm100", 256, MaskClass::local, 0, "fwd=64x64/128 bwd=64x64/128/double"},
     {"sm120", 256, MaskClass::dense, 0, "fwd=64x64/128 bwd=64x64/128/single"},

@@ -130,6 +130,12 @@ static_assert(tma_plans_distinct(), "a TMA forward plan is listed twice");
 // (two buffers) for dQ = dS K, and each consumer's dQ part leaves through its own fp32 staging
 // tile by TMA reductions into the dQ buffer (two staging buffers when they fit, so the next
 // step's part is written while the last one is read).
+//
+// Over head dim 128 the dK and dV of 64 keys (head_dim floats a thread) no longer fit one
+// warpgroup, so the head dim is split in `head_parts()`: that many consumer groups share the
+// same 64 keys, each holding its columns of dK, dV and dQ and computing S^T and dP^T for its
+// share of the step's queries; P^T and dS^T meet in shared memory (FlashAttention-3's layout
+// at head dim 256).
 struct TmaBackwardPlan {
   int head_dim = 0;
   int block_m = 0;  // query rows of a step: 64
@@ -137,22 +143,37 @@ struct TmaBackwardPlan {
   int stages = 0;   // ring slots of Q, dO, lse and D
   bool compiled_by_default = false;
 
-  constexpr int consumer_groups() const { return block_n / 64; }
+  constexpr int head_parts() const { return head_dim > 128 ? 2 : 1; }
+  constexpr int key_groups() const { return block_n / 64; }  // groups with their own 64 keys
+  constexpr int consumer_groups() const { return key_groups() * head_parts(); }
   constexpr int threads() const { return 128 * (consumer_groups() + 1); }
-  // dQ = dS K: with one 64-column panel of the head dim per consumer, each takes its panel over
-  // all the block's keys; otherwise each adds its own keys' part over every panel.
-  constexpr bool dq_splits_columns() const { return head_dim == 64 * consumer_groups(); }
-  constexpr int dq_columns() const { return dq_splits_columns() ? 64 : head_dim; }
+  // The head dim's columns of dK and dV that one group holds, and its share of a step's queries
+  // in S^T and dP^T.
+  constexpr int group_columns() const { return head_dim / head_parts(); }
+  constexpr int group_queries() const { return block_m / head_parts(); }
+  // dQ = dS K: where the head dim splits into one part per consumer (a 64-column panel each at
+  // head dim 128, two panels each at 256), each takes its part over all the block's keys;
+  // otherwise each adds its own keys' part over every column.
+  constexpr bool dq_splits_columns() const {
+    return head_parts() > 1 || head_dim == 64 * consumer_groups();
+  }
+  constexpr int dq_columns() const {
+    return dq_splits_columns() ? head_dim / consumer_groups() : head_dim;
+  }
 
   constexpr int64_t tile_bytes(int rows) const { return int64_t{rows} * head_dim * 2; }
   constexpr int64_t kv_bytes() const { return 2 * tile_bytes(block_n); }
   // Q and dO (bf16), lse and D (fp32) per slot.
   constexpr int64_t stage_bytes() const { return 2 * tile_bytes(block_m) + 8 * block_m; }
-  constexpr int64_t ds_bytes() const { return 2 * int64_t{block_n} * block_m * 2; }
+  // dS^T in two buffers (alternating by step), and P^T beside it where the head dim is split.
+  constexpr int64_t ds_bytes() const {
+    return 2 * int64_t{block_n} * block_m * 2 * (head_parts() > 1 ? 2 : 1);
+  }
   // One consumer's fp32 dQ part.
   constexpr int64_t dq_tile_bytes() const { return int64_t{block_m} * dq_columns() * 4; }
   // The mbarriers (K and V; full and empty per ring slot; full and empty per dQ staging tile)
-  // and the step records (one per ring slot, one per staging tile), in 128-byte units.
+  // and the step records (one per ring slot, one per staging tile), in 128-byte units, counted
+  // for two staging tiles per consumer (enough for one).
   constexpr int64_t barrier_bytes() const {
     const int64_t bytes =
         8 * (1 + 2 * stages + 4 * consumer_groups()) + 16 * (stages + 2 * consumer_groups());
@@ -195,25 +216,31 @@ struct TmaBackwardPlan {
 // {head_dim, block_m, block_n, stages, compiled_by_default}. FlashAttention-3's backward runs
 // 64 query rows against 128 keys (two consumer warpgroups) at head dims 64 and 128; at head dim
 // 64 a third consumer group (192 keys) fits beside them (160 registers each, docs/PERF.md b5).
+// At head dim 256 two groups share 64 keys, and shared memory holds one Q/dO slot and one dQ
+// staging tile per group (K and V alone are 64 KB; FlashAttention-3 keeps one slot there too).
 inline constexpr TmaBackwardPlan kTmaBackwardPlans[] = {
     {64, 64, 128, 2, true},
     {64, 64, 192, 2, true},
     {128, 64, 128, 2, true},
+    {256, 64, 64, 1, true},
 };
 inline constexpr int kTmaBackwardPlanCount =
     static_cast<int>(sizeof(kTmaBackwardPlans) / sizeof(kTmaBackwardPlans[0]));
 
 constexpr const char* tma_backward_plan_defect(const TmaBackwardPlan& p) {
-  if (p.head_dim != 64 && p.head_dim != 128) return "head dim 64 or 128";
+  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return "head dim 64, 128 or 256";
   if (p.block_m != 64) return "query tiles of 64 rows";
-  if (p.block_n != 128 && p.block_n != 192)
+  if (p.head_parts() == 1 && p.block_n != 128 && p.block_n != 192)
     return "two or three consumer warpgroups (128 or 192 keys)";
+  if (p.head_parts() > 1 && p.block_n != 64) return "64 keys where groups split the head dim";
   if (p.stages < 1 || p.stages > 3) return "1 to 3 stages";
   if (p.smem_bytes() > kSm90SmemPerBlock) return "shared memory over sm90's limit";
-  // dK and dV (head_dim / 2 floats each), S^T and dP^T (block_m / 2 each) and about 32
-  // registers of addresses, lse and loop state (ptxas, 64x192 at head dim 64: 160 registers,
-  // one loop-invariant value spilled and reloaded once per step).
-  if (p.head_dim + p.block_m + 32 > p.consumer_registers()) {
+  // dK and dV (group_columns() / 2 floats each), then S^T and dP^T (group_queries() / 2 each)
+  // or the dQ part (dq_columns() / 2), and about 32 registers of addresses, lse and loop state
+  // (ptxas, 64x192 at head dim 64: 160 registers, one loop-invariant value spilled and reloaded
+  // once per step).
+  const int scores = 2 * (p.group_queries() / 2), dq = p.dq_columns() / 2;
+  if (p.group_columns() + (scores > dq ? scores : dq) + 32 > p.consumer_registers()) {
     return "accumulators exceed the consumer registers";
   }
   return nullptr;

@@ -109,8 +109,8 @@ inline GpuResult run_on_gpu(Impl impl, const Inputs& in, bool segments_on_gpu, i
 }
 
 // The grid of the GPU accuracy tests (naive and flash): every S in {1, 7, 64, 100, 513, 1000,
-// 4096}, Hq/Hkv in {1, 2, 4, 8}, head dims 32..256 (96 and 256 too: the bf16 flash kernels refuse
-// them, which the flash test checks) and each mask alone and combined. {name, {B, S, Hq, Hkv, D},
+// 4096}, Hq/Hkv in {1, 2, 4, 8}, head dims 32..256 (96 too: the bf16 flash kernels refuse it,
+// which the flash test checks) and each mask alone and combined. {name, {B, S, Hq, Hkv, D},
 // causal, window, segments, scattered, segments_on_gpu}
 inline const std::vector<Case>& gpu_accuracy_cases() {
   static const std::vector<Case> cases = {

@@ -84,8 +84,8 @@ Tensor on(const Tensor& t, Device device) {
   return t.defined() && t.device() != device ? t.to(device) : t;
 }
 
-// Whether the GPU's flash kernels refuse the backward of `p` (bf16 head dims with a forward
-// kernel and no backward one: 256).
+// Whether the GPU's flash kernels refuse the backward of `p` (a bf16 head dim with a forward
+// kernel and no backward one on this GPU's family).
 bool backward_refused(Impl impl, const Problem& p, Device device) {
   if (device != Device::cuda || impl != Impl::flash) return false;
   const DeviceLimits& limits = DeviceLimits::current();

@@ -121,8 +121,11 @@ TEST(KernelConfig, TmaReasons) {
   bad = c;
   bad.forward.threads = 256;
   EXPECT_NE(can_implement(bad, p, sm90).find("runs 384 threads"), std::string::npos);
-  // Head dim 256: the tma forward runs, no backward kernel does.
+  // Head dim 256: the tma forward and the tma backward run it, the wgmma backward does not.
   const Problem d256 = bf16_problem(256);
+  EXPECT_EQ(
+      can_implement(KernelConfig::parse("fwd=128x64/384/tma/s2/pp bwd=64x64/384/tma"), d256, sm90),
+      "");
   const KernelConfig c256 = KernelConfig::parse("fwd=128x64/384/tma/s2/pp bwd=64x128/256/wgmma");
   EXPECT_EQ(can_implement(c256, d256, sm90, KernelDirection::forward), "");
   EXPECT_NE(can_implement(c256, d256, sm90, KernelDirection::backward).find("head dim 256"),
@@ -142,13 +145,16 @@ TEST(KernelConfig, TmaBackwardPlansAndReasons) {
     EXPECT_EQ(find_tma_backward_plan(tile, plan.head_dim), &plan);
     EXPECT_EQ(backward_smem_bytes(tile, BackwardPath::tma, plan.head_dim), plan.smem_bytes());
     EXPECT_LE(plan.smem_bytes(), sm90.max_smem_per_block);
-    // K and V, Q, dO, lse and D per stage, two dS^T buffers, two fp32 dQ staging tiles of 64 x
-    // 64 per consumer, barriers and records (256 bytes for two consumers, 384 for three) and the
-    // alignment slack.
-    const int64_t d = plan.head_dim, groups = plan.block_n / 64;
+    // K and V, Q, dO, lse and D per stage, two dS^T buffers (and two of P^T where two groups
+    // split the head dim: 256), fp32 dQ staging tiles (two of 64 x 64 per consumer; one of 64 x
+    // 128 where the head dim is split), barriers and records (256 bytes for two consumers, 384
+    // for three) and the alignment slack.
+    const int64_t d = plan.head_dim, parts = d > 128 ? 2 : 1, groups = plan.block_n / 64 * parts;
     EXPECT_EQ(plan.consumer_groups(), groups);
+    const int64_t dq_slots = parts > 1 ? 1 : 2, dq_columns = 64 * parts;
     EXPECT_EQ(plan.smem_bytes(), 4 * d * plan.block_n + plan.stages * (4 * d * 64 + 8 * 64) +
-                                     4 * plan.block_n * 64 + 2 * groups * 64 * 64 * 4 +
+                                     4 * plan.block_n * 64 * parts +
+                                     dq_slots * groups * 64 * dq_columns * 4 +
                                      (groups == 2 ? 256 : 384) + 1024);
   }
   const Problem p = bf16_problem(128);
@@ -335,8 +341,8 @@ TEST(KernelConfig, DefaultsDependOnTheMaskClass) {
   EXPECT_EQ(default_config(sm90, 64, MaskClass::dense).str(),
             "fwd=128x128/384/tma/s2/pp bwd=64x192/512/tma");
   EXPECT_EQ(default_config(sm90, 256, MaskClass::dense).str(),
-            "fwd=128x64/384/tma/s2/pp bwd=64x128/256/wgmma")
-      << "head dim 256: the tma forward (no backward kernel runs it)";
+            "fwd=128x64/384/tma/s2/pp bwd=64x64/384/tma")
+      << "head dim 256: the tma paths' one plan each";
   EXPECT_EQ(default_config(sm90, 32, MaskClass::dense).str(),
             "fwd=128x64/128 bwd=64x128/256/double")
       << "head dim 32 has no wgmma kernels";
@@ -344,7 +350,7 @@ TEST(KernelConfig, DefaultsDependOnTheMaskClass) {
   EXPECT_EQ(mask_class_of(p.mask), MaskClass::local);
   EXPECT_EQ(default_config(sm90, p).str(), "fwd=64x64/128/wgmma bwd=64x128/384/tma");
   EXPECT_EQ(default_config(sm90, 256, MaskClass::local).str(),
-            "fwd=128x64/384/tma/s2/pp bwd=64x64/128/wgmma");
+            "fwd=128x64/384/tma/s2/pp bwd=64x64/384/tma");
   p.mask.window = 0;
   p.mask.has_segments = true;
   EXPECT_EQ(default_config(sm90, p), default_config(sm90, 128, MaskClass::local));

@@ -25,9 +25,11 @@ __device__ __forceinline__ void key_segment_ids(const int32_t* seg_row, int k0, 
 }
 
 // Warpgroup product: S^T = K Q^T, then dP^T = V dO^T, as two commit groups, so that P^T can be
-// computed while dP^T runs. All four operands are K-major panels in shared memory.
-template <int BM, int BN, int D>
-__device__ __forceinline__ void issue_score_products(float (&st)[BM / 2], float (&dpt)[BM / 2],
+// computed while dP^T runs. All four operands are K-major panels in shared memory: K and V
+// tiles of BN rows, Q and dO tiles of BM rows, of which the products take QN (from where
+// q_stage and do_stage point: every query of the tile, or a consumer's share of them).
+template <int BM, int BN, int D, int QN = BM>
+__device__ __forceinline__ void issue_score_products(float (&st)[QN / 2], float (&dpt)[QN / 2],
                                                      uint64_t k_rows, uint64_t v_rows,
                                                      uint64_t q_stage, uint64_t do_stage) {
   using hopper::advance;
@@ -37,14 +39,14 @@ __device__ __forceinline__ void issue_score_products(float (&st)[BM / 2], float 
   for (int kd = 0; kd < D / 16; ++kd) {
     const uint32_t key_off = (kd / 4) * BN * kPanelRowBytes + (kd % 4) * 32;
     const uint32_t query_off = (kd / 4) * BM * kPanelRowBytes + (kd % 4) * 32;
-    hopper::mma_ss<BM, 0, 0>(st, advance(k_rows, key_off), advance(q_stage, query_off), kd > 0);
+    hopper::mma_ss<QN, 0, 0>(st, advance(k_rows, key_off), advance(q_stage, query_off), kd > 0);
   }
   hopper::wg_commit();
 #pragma unroll
   for (int kd = 0; kd < D / 16; ++kd) {
     const uint32_t key_off = (kd / 4) * BN * kPanelRowBytes + (kd % 4) * 32;
     const uint32_t query_off = (kd / 4) * BM * kPanelRowBytes + (kd % 4) * 32;
-    hopper::mma_ss<BM, 0, 0>(dpt, advance(v_rows, key_off), advance(do_stage, query_off), kd > 0);
+    hopper::mma_ss<QN, 0, 0>(dpt, advance(v_rows, key_off), advance(do_stage, query_off), kd > 0);
   }
   hopper::wg_commit();
 }

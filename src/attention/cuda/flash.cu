@@ -129,6 +129,7 @@ const Bf16Kernels& bf16_kernels() {
     add_tma_forward_d256(k);
     add_tma_backward_d64(k);
     add_tma_backward_d128(k);
+    add_tma_backward_d256(k);
     return k;
   }();
   return table;

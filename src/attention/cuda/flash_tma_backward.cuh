@@ -9,7 +9,8 @@
 //     ring of `stages` slots, with the step's query head, rows and each consumer's mask cover;
 //     a last slot with no head ends;
 //   - two or three consumer warpgroups (the plan's block_n / 64), 64 keys each, whose dK and dV
-//     stay in registers over all steps.
+//     stay in registers over all steps; at head dim 256 two groups share 64 keys and each holds
+//     half of the head dim's columns (consume_head_part below).
 // A consumer's step (skipped where the mask hides all of its keys from the step's queries, unless
 // the other group reads its dS^T): S^T = K Q^T and dP^T = V dO^T (shared-memory products; P^T is
 // computed while dP^T runs), dS^T = P^T (dP^T - D), dS^T into shared memory (two buffers; where
@@ -45,6 +46,7 @@ namespace ft::attention::cuda {
 
 void add_tma_backward_d64(Bf16Kernels& k);
 void add_tma_backward_d128(Bf16Kernels& k);
+void add_tma_backward_d256(Bf16Kernels& k);
 
 // A 4-d tensor map over the [B, S, H, D] bf16 tensor (flash_tma_forward.cuh's, tensor_map.cu).
 CUtensorMap head_tensor_map(const void* base, int batch, int seq_len, int heads, int head_dim,
@@ -88,27 +90,28 @@ template <int PLAN>
 struct BackwardSmem {
   static constexpr TmaBackwardPlan P = kTmaBackwardPlans[PLAN];
   static constexpr int BM = P.block_m, BN = P.block_n, kGroups = P.consumer_groups();
+  static constexpr int kDqSlots = P.dq_slots();
   static constexpr int64_t kDqTile = P.dq_tile_bytes();
+  static constexpr int64_t kScoreTile = int64_t{BN} * BM * 2;  // dS^T or P^T of a step
   static constexpr int64_t kK = 0;
   static constexpr int64_t kV = kK + P.tile_bytes(BN);
   static constexpr int64_t kQ = kV + P.tile_bytes(BN);
   static constexpr int64_t kDo = kQ + P.stages * P.tile_bytes(BM);
   static constexpr int64_t kDs = kDo + P.stages * P.tile_bytes(BM);
   static constexpr int64_t kDq = kDs + P.ds_bytes();
-  static constexpr int64_t kLse = kDq + 2 * kGroups * kDqTile;
+  static constexpr int64_t kLse = kDq + kDqSlots * kGroups * kDqTile;
   static constexpr int64_t kDsum = kLse + P.stages * BM * 4;
   static constexpr int64_t kBarriers = kDsum + P.stages * BM * 4;
   // K and V; full and empty per ring slot; full and empty per dQ staging tile.
-  static constexpr int kBarrierCount = 1 + 2 * P.stages + 4 * kGroups;
+  static constexpr int kBarrierCount = 1 + 2 * P.stages + 2 * kDqSlots * kGroups;
   static constexpr int64_t kInfo = kBarriers + 8 * kBarrierCount;
   static constexpr int64_t kDqInfo = kInfo + 16 * P.stages;
-  static_assert(P.dq_slots() == 2, "two dQ staging tiles per consumer");
-  static_assert(kDqInfo + 16 * 2 * kGroups <= kBarriers + P.barrier_bytes(),
+  static_assert(kDqInfo + 16 * kDqSlots * kGroups <= kBarriers + P.barrier_bytes(),
                 "barriers and step records fit");
   static_assert(kBarriers + P.barrier_bytes() + TmaBackwardPlan::align_slack() == P.smem_bytes(),
                 "the kernel's layout is the plan's byte count");
   static_assert(kQ % 1024 == 0 && kDo % 1024 == 0 && kDs % 1024 == 0 && kDq % 1024 == 0 &&
-                    kDqTile % 1024 == 0,
+                    kDqTile % 1024 == 0 && kScoreTile % 1024 == 0,
                 "panels and staging tiles on 1024 bytes");
 
   unsigned char* base;
@@ -126,9 +129,14 @@ struct BackwardSmem {
   }
   // dS^T of a step: [BN keys][BM queries], one panel; two buffers, alternating by step.
   __device__ __nv_bfloat16* ds(int buffer) const {
-    return at<__nv_bfloat16>(kDs + buffer * int64_t{BN} * BM * 2);
+    return at<__nv_bfloat16>(kDs + buffer * kScoreTile);
   }
-  // Consumer g's fp32 dQ staging tile `slot`: two boxes of [64 rows][32 columns].
+  // P^T of a step, the same way (only where the groups split the head dim).
+  __device__ __nv_bfloat16* pt(int buffer) const {
+    static_assert(P.head_parts() > 1, "P^T stays in registers unless the head dim is split");
+    return at<__nv_bfloat16>(kDs + (2 + buffer) * kScoreTile);
+  }
+  // Consumer g's fp32 dQ staging tile `slot`: dq_columns() / 32 boxes of [64 rows][32 columns].
   __device__ float* dq(int slot, int g) const {
     return at<float>(kDq + (slot * kGroups + g) * kDqTile);
   }
@@ -145,7 +153,7 @@ struct BackwardSmem {
     return at<uint64_t>(kBarriers) + 1 + 2 * P.stages + slot * kGroups + g;
   }
   __device__ uint64_t* dq_empty(int slot, int g) const {
-    return at<uint64_t>(kBarriers) + 1 + 2 * P.stages + 2 * kGroups + slot * kGroups + g;
+    return at<uint64_t>(kBarriers) + 1 + 2 * P.stages + kDqSlots * kGroups + slot * kGroups + g;
   }
   __device__ StepInfo* dq_info(int slot, int g) const {
     return at<StepInfo>(kDqInfo) + slot * kGroups + g;
@@ -233,12 +241,12 @@ __device__ __forceinline__ void produce(const TmaBackwardArgs& a, const Backward
   }
   const SegmentChunk* chunk_row =
       SEG ? p.segment_chunks + int64_t{b} * p.chunks_per_row() : nullptr;
-  // Each consumer group's keys [k0 + 64 g, + 64) and their segment span.
-  constexpr int kGroups = P.consumer_groups();
+  // Each consumer group's keys [k0 + 64 (g / head_parts), + 64) and their segment span.
+  constexpr int kGroups = P.consumer_groups(), kParts = P.head_parts();
   SegmentChunk k_spans[kGroups];
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
-    const int gk0 = steps.k0 + 64 * g, gk1 = min(gk0 + 64, S);
+    const int gk0 = steps.k0 + 64 * (g / kParts), gk1 = min(gk0 + 64, S);
     k_spans[g] = SEG && gk0 < S ? combine_chunks(chunk_row, gk0, gk1) : SegmentChunk{0, 0, 0, 0};
   }
   const bool deterministic = p.dq_semaphore != nullptr;
@@ -287,7 +295,7 @@ __device__ __forceinline__ void produce(const TmaBackwardArgs& a, const Backward
     bool seen = false;
 #pragma unroll
     for (int g = 0; g < kGroups; ++g) {
-      const int gk0 = steps.k0 + 64 * g, gk1 = min(gk0 + 64, S);
+      const int gk0 = steps.k0 + 64 * (g / kParts), gk1 = min(gk0 + 64, S);
       Cover c =
           gk0 < S ? classify_spans(p, SEG, q_span, k_spans[g], q0, q1, gk0, gk1) : Cover::hidden;
       if (c == Cover::full && gk0 + 64 > S) c = Cover::partial;  // the keys end inside the group
@@ -307,15 +315,18 @@ __device__ __forceinline__ void produce(const TmaBackwardArgs& a, const Backward
 
 // ---- consumer pieces ----
 
-// This thread's part of group g's dQ (64 rows x 64 columns of fp32 accumulators) into its
-// staging tile: two boxes of [64][32] floats, the 16-byte chunk c of row r at c ^ (r % 8) (the
-// 128-byte swizzle the dQ tensor map reads), so a warp's stores meet no bank twice per chunk.
-__device__ __forceinline__ void stage_dq(float* tile, const float (&dq)[32], int warp, int lane) {
+// This thread's part of group g's dQ (64 rows x COLS columns of fp32 accumulators) into its
+// staging tile: COLS / 32 boxes of [64][32] floats, the 16-byte chunk c of row r at c ^ (r % 8)
+// (the 128-byte swizzle the dQ tensor map reads), so a warp's stores meet no bank twice per
+// chunk.
+template <int COLS>
+__device__ __forceinline__ void stage_dq(float* tile, const float (&dq)[COLS / 2], int warp,
+                                         int lane) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = warp * 16 + lane / 4 + 8 * half;
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
+    for (int nt = 0; nt < COLS / 8; ++nt) {
       const int col = nt * 8 + (lane % 4) * 2;
       const int box = col / 32, c = col % 32;
       float* at = tile + box * 64 * 32 + r * 32 + (((c / 4) ^ (r % 8)) * 4) + c % 4;
@@ -371,10 +382,11 @@ __device__ __forceinline__ void write_dq(const TmaBackwardArgs& a, const Backwar
   constexpr int kGroups = P.consumer_groups();
   const FlashParams& p = a.p;
   const bool deterministic = p.dq_semaphore != nullptr;
-  const int column0 = P.dq_splits_columns() ? kPanel : 0;  // group g's first column: g * column0
+  // Group g's first column: g * column0.
+  const int column0 = P.dq_splits_columns() ? P.dq_columns() : 0;
   const KeyBlockTile tile(p, (p.seq_len + P.block_n - 1) / P.block_n, a.pairs_per_group);
   tma_prefetch_map(&a.dq);
-  RingPosition<2> ring;
+  RingPosition<P.dq_slots()> ring;
   for (;;) {
     for (int g = 0; g < kGroups; ++g) {
       mbar_wait(s.dq_full(ring.slot, g), ring.parity);
@@ -395,7 +407,7 @@ __device__ __forceinline__ void write_dq(const TmaBackwardArgs& a, const Backwar
       }
       const float* staged = s.dq(ring.slot, g);
 #pragma unroll
-      for (int box = 0; box < 2; ++box) {
+      for (int box = 0; box < P.dq_columns() / 32; ++box) {
         tma_reduce_add(&a.dq, staged + box * 64 * 32, g * column0 + box * 32, info.head, info.q0,
                        tile.b);
       }
@@ -408,20 +420,25 @@ __device__ __forceinline__ void write_dq(const TmaBackwardArgs& a, const Backwar
   }
 }
 
-// The epilogue: group g's dK (scaled) and dV, bf16, through its two staging tiles (free by now:
-// dK in one, dV in the other, as 64-row panels) and TMA stores, so that no consumer thread waits
-// on scattered global stores (rows past the end are dropped by the copy engine).
+// The epilogue: group g's dK (scaled) and dV, bf16 (its columns [column0, + group_columns())),
+// through its staging tiles (free by now: dK in one and dV in the other, or both in the one, as
+// 64-row panels) and TMA stores, so that no consumer thread waits on scattered global stores
+// (rows past the end are dropped by the copy engine).
 template <int PLAN>
 __device__ __forceinline__ void store_dk_dv(
-    const TmaBackwardArgs& a, const BackwardSmem<PLAN>& s, int g, int key0,
-    const KeyBlockTile& tile, const float (&dk)[kTmaBackwardPlans[PLAN].head_dim / 2],
-    const float (&dv)[kTmaBackwardPlans[PLAN].head_dim / 2]) {
+    const TmaBackwardArgs& a, const BackwardSmem<PLAN>& s, int g, int key0, int column0,
+    const KeyBlockTile& tile, const float (&dk)[kTmaBackwardPlans[PLAN].group_columns() / 2],
+    const float (&dv)[kTmaBackwardPlans[PLAN].group_columns() / 2]) {
   constexpr TmaBackwardPlan P = kTmaBackwardPlans[PLAN];
-  constexpr int D = P.head_dim, DT = D / 8;
-  static_assert(int64_t{64} * D * 2 <= P.dq_tile_bytes(), "dK and dV fit the staging tiles");
+  constexpr int D = P.group_columns(), DT = D / 8;
+  constexpr int64_t kPartBytes = int64_t{64} * D * 2;  // dK or dV
+  static_assert(2 * kPartBytes <= P.dq_slots() * P.dq_tile_bytes() &&
+                    (P.dq_slots() == 1 || kPartBytes <= P.dq_tile_bytes()),
+                "dK and dV fit the staging tiles");
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   auto* dk_tile = reinterpret_cast<__nv_bfloat16*>(s.dq(0, g));
-  auto* dv_tile = reinterpret_cast<__nv_bfloat16*>(s.dq(1, g));
+  auto* dv_tile =
+      P.dq_slots() == 2 ? reinterpret_cast<__nv_bfloat16*>(s.dq(1, g)) : dk_tile + 64 * D;
   const float scale = a.p.scale;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -440,8 +457,9 @@ __device__ __forceinline__ void store_dk_dv(
   if (tid == 0 && key0 < a.p.seq_len) {
 #pragma unroll
     for (int panel = 0; panel < D / kPanel; ++panel) {
-      tma_store(&a.dk, dk_tile + panel * 64 * kPanel, panel * kPanel, tile.hk, key0, tile.b);
-      tma_store(&a.dv, dv_tile + panel * 64 * kPanel, panel * kPanel, tile.hk, key0, tile.b);
+      const int col = column0 + panel * kPanel;
+      tma_store(&a.dk, dk_tile + panel * 64 * kPanel, col, tile.hk, key0, tile.b);
+      tma_store(&a.dv, dv_tile + panel * 64 * kPanel, col, tile.hk, key0, tile.b);
     }
     tma_store_commit();
     tma_store_wait_read();  // the block's shared memory outlives the copy engine's reads
@@ -451,22 +469,33 @@ __device__ __forceinline__ void store_dk_dv(
 // ---- consumer ----
 
 // Group g's side of its dQ staging tiles: wait until the writer has read the tile at dq_ring
-// (its part of two records ago)...
-template <int PLAN>
+// (its part of dq_slots() records ago)...
+template <int PLAN, int SLOTS>
 __device__ __forceinline__ void wait_dq_tile(const BackwardSmem<PLAN>& s,
-                                             const RingPosition<2>& dq_ring, int g) {
+                                             const RingPosition<SLOTS>& dq_ring, int g) {
   mbar_wait(s.dq_empty(dq_ring.slot, g), dq_ring.parity ^ 1);
 }
 // ...then hand the writer the record of what it holds (a staged part, an empty one, or the end)
-// and move to the other tile.
-template <int PLAN>
+// and move to the next tile.
+template <int PLAN, int SLOTS>
 __device__ __forceinline__ void post_dq_record(const BackwardSmem<PLAN>& s,
-                                               RingPosition<2>& dq_ring, int g,
+                                               RingPosition<SLOTS>& dq_ring, int g,
                                                const StepInfo& info, int tid, int lane) {
   if (tid == 0) *s.dq_info(dq_ring.slot, g) = info;
   __syncwarp();
   if (lane == 0) mbar_arrive(s.dq_full(dq_ring.slot, g));
   dq_ring.advance();
+}
+
+// After the last step: the writer's end record, and every staging tile free (the writer has
+// read the last parts from them; the end record's tile holds nothing it reads).
+template <int PLAN, int SLOTS>
+__device__ __forceinline__ void finish_dq_records(const BackwardSmem<PLAN>& s,
+                                                  RingPosition<SLOTS>& dq_ring, int g, int tid,
+                                                  int lane) {
+  wait_dq_tile(s, dq_ring, g);
+  post_dq_record(s, dq_ring, g, {-1, 0, 0, 0}, tid, lane);
+  if constexpr (SLOTS == 2) wait_dq_tile(s, dq_ring, g);
 }
 
 template <int PLAN, bool SEG>
@@ -475,6 +504,7 @@ __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const Backward
   constexpr TmaBackwardPlan P = kTmaBackwardPlans[PLAN];
   constexpr int D = P.head_dim, BM = P.block_m, BN = P.block_n, QT = BM / 8, DT = D / 8;
   constexpr int kGroups = P.consumer_groups();
+  static_assert(P.head_parts() == 1, "plans that split the head dim run consume_head_part");
   constexpr bool kDqSplitsColumns = P.dq_splits_columns();
   constexpr int kDqKeys = kDqSplitsColumns ? BN : 64;
   constexpr uint32_t kStageBytes = BM * D * 2;
@@ -515,7 +545,7 @@ __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const Backward
 
   mbar_wait(s.kv_full(), 0);
   RingPosition<P.stages> ring;
-  RingPosition<2> dq_ring;  // the staging tiles
+  RingPosition<P.dq_slots()> dq_ring;  // the staging tiles
   for (int local = 0;; ++local) {
     mbar_wait(s.full(ring.slot), ring.parity);
     const StepInfo info = *s.info(ring.slot);
@@ -605,7 +635,7 @@ __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const Backward
     // stores have drained, and the fence that orders them before the copy engine's reads
     // costs little (right after them it waited for every store: b6 profiles, 4-5% of samples).
     wait_dq_tile(s, dq_ring, g);
-    stage_dq(s.dq(dq_ring.slot, g), dq, warp, lane);
+    stage_dq<64>(s.dq(dq_ring.slot, g), dq, warp, lane);
 
     wg_wait<0>();
     pin(dv);
@@ -619,12 +649,155 @@ __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const Backward
     mbar_arrive(s.empty(stage));
     ring.advance();
   }
-  // The writer's end record; the other staging tile is free once the writer has read the last
-  // part from it.
-  wait_dq_tile(s, dq_ring, g);
-  post_dq_record(s, dq_ring, g, {-1, 0, 0, 0}, tid, lane);
-  wait_dq_tile(s, dq_ring, g);
-  store_dk_dv<PLAN>(a, s, g, k0 + key_base, tile, dk, dv);
+  finish_dq_records(s, dq_ring, g, tid, lane);
+  store_dk_dv<PLAN>(a, s, g, k0 + key_base, 0, tile, dk, dv);
+}
+
+// Columns [col0, col0 + N) of a [64 keys][BM queries] bf16 tile (one panel) from this thread's
+// accumulator of 64 keys x N queries.
+template <int BM, int N>
+__device__ __forceinline__ void store_key_rows(__nv_bfloat16* tile, const float (&acc)[N / 2],
+                                               int key_row, int col0, int lane) {
+#pragma unroll
+  for (int nt = 0; nt < N / 8; ++nt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int col = col0 + nt * 8 + (lane % 4) * 2;
+      *reinterpret_cast<uint32_t*>(tile + panel_offset<BM>(key_row + 8 * half, col)) =
+          pack_bf16(acc[4 * nt + 2 * half], acc[4 * nt + 2 * half + 1]);
+    }
+  }
+}
+
+// A consumer of a plan that splits the head dim (head dim 256): the groups share the block's 64
+// keys, and group g is part g of the head dim. Per step it computes S^T and dP^T for its share
+// of the step's queries (group_queries() of them, from query0), makes P^T and dS^T of them and
+// stores both into shared memory; once every part is there, dV += P^T dO and dK += dS^T Q for
+// its columns of the head dim (group_columns() of them, from column0) over all of the step's
+// queries, with both operands from shared memory, and its columns of dQ = dS K over the block's
+// keys, handed to the writer as in consume().
+template <int PLAN, bool SEG>
+__device__ __forceinline__ void consume_head_part(const TmaBackwardArgs& a,
+                                                  const BackwardSmem<PLAN>& s, int g) {
+  constexpr TmaBackwardPlan P = kTmaBackwardPlans[PLAN];
+  constexpr int D = P.head_dim, BM = P.block_m, BN = P.block_n, kGroups = P.consumer_groups();
+  constexpr int QN = P.group_queries(), QT = QN / 8, kColumns = P.group_columns();
+  static_assert(P.key_groups() == 1 && BN == 64 && P.dq_columns() == kColumns,
+                "the parts share one block of 64 keys and split dQ's columns as dK's");
+  constexpr uint32_t kStageBytes = BM * D * 2;
+  constexpr uint32_t kScoreBytes = BN * BM * 2;
+  const FlashParams& p = a.p;
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const KeyBlockTile tile(p, (p.seq_len + BN - 1) / BN, a.pairs_per_group);
+  const int b = tile.b, S = p.seq_len;
+  const KeyBlockSteps steps(p, tile, BM, BN);
+  const int k0 = steps.k0;
+  const int key_row = warp * 16 + lane / 4;  // this thread's accumulator rows: + 0 and + 8
+  const int query0 = g * QN, column0 = g * kColumns, panel0 = column0 / kPanel;
+
+  // Descriptors: K and V (K-major, for S^T and dP^T); this part's queries of the slot-0 Q and dO
+  // tiles (K-major); Q, dO and K from this part's first column panel (MN-major, for dK, dV and
+  // dQ); P^T and dS^T of buffer 0 (K-major for dV and dK; dS^T read MN-major for dQ).
+  const uint64_t k_rows = desc(smem_addr(s.k()), 0);
+  const uint64_t v_rows = desc(smem_addr(s.v()), 0);
+  const uint64_t q_part = desc(smem_addr(s.q(0)) + query0 * kPanelRowBytes, 0);
+  const uint64_t do_part = desc(smem_addr(s.dout(0)) + query0 * kPanelRowBytes, 0);
+  const uint64_t q_mn = desc(smem_addr(s.q(0)) + panel0 * BM * kPanelRowBytes, BM * kPanelRowBytes);
+  const uint64_t do_mn =
+      desc(smem_addr(s.dout(0)) + panel0 * BM * kPanelRowBytes, BM * kPanelRowBytes);
+  const uint64_t k_mn = desc(smem_addr(s.k()) + panel0 * BN * kPanelRowBytes, BN * kPanelRowBytes);
+  const uint64_t pt_desc = desc(smem_addr(s.pt(0)), 0);
+  const uint64_t ds_desc = desc(smem_addr(s.ds(0)), 0);
+
+  const int32_t* seg_row = SEG ? p.segment_ids + int64_t{b} * S : nullptr;
+  const SegmentChunk* chunk_row =
+      SEG ? p.segment_chunks + int64_t{b} * p.chunks_per_row() : nullptr;
+  int kid[2];  // this thread's two keys' segment ids
+  backward_step::key_segment_ids<SEG>(seg_row, k0, key_row, S, kid);
+
+  float dk[kColumns / 2], dv[kColumns / 2];
+#pragma unroll
+  for (int i = 0; i < kColumns / 2; ++i) dk[i] = dv[i] = 0.0f;
+
+  mbar_wait(s.kv_full(), 0);
+  RingPosition<P.stages> ring;
+  RingPosition<P.dq_slots()> dq_ring;  // the staging tiles
+  for (int local = 0;; ++local) {
+    mbar_wait(s.full(ring.slot), ring.parity);
+    const StepInfo info = *s.info(ring.slot);
+    if (info.head < 0) break;
+    // (No part is ever hidden alone: the producer sends a step that hides the block's keys, in
+    // deterministic mode, as cut, and the parts compute its zeros.)
+    const int stage = ring.slot;
+    const bool partial = group_cover(info.covers, g) != Cover::full;
+
+    float st[QT * 4], dpt[QT * 4];
+    pin(dk);
+    pin(dv);
+    const backward_step::StepRows rows{s.lse(stage) + query0,
+                                       s.dsum(stage) + query0,
+                                       info.q0 + query0,
+                                       k0,
+                                       key_row,
+                                       lane,
+                                       S,
+                                       partial};
+    backward_step::RowValues<QN> values;
+    constexpr bool kEarly = P.reads_rows_early() && !SEG;  // as in consume()
+    if constexpr (kEarly) backward_step::read_row_values<QN, true>(rows, values);
+    backward_step::issue_score_products<BM, BN, D, QN>(st, dpt, k_rows, v_rows,
+                                                       advance(q_part, stage * kStageBytes),
+                                                       advance(do_part, stage * kStageBytes));
+    backward_step::probabilities_and_ds<QN, SEG, true, kEarly>(st, dpt, p, rows, values, chunk_row,
+                                                               seg_row, kid);
+
+    // This part's query columns of P^T and dS^T into this step's buffers; every part's must be
+    // there before any product reads them. (The buffers of the step before were last read by
+    // its products, which each group finished before it stored this step's part.)
+    const int buffer = local & 1;
+    store_key_rows<BM, QN>(s.pt(buffer), st, key_row, query0, lane);
+    store_key_rows<BM, QN>(s.ds(buffer), dpt, key_row, query0, lane);
+    fence_async_shared();
+    ds_stored<true>(g, kGroups);
+
+    // dV += P^T dO and dK += dS^T Q over the step's queries, then dQ (queries x this part's
+    // columns) = dS K: dS^T read as an MN-major A (rows = keys), K MN-major. dV and dK are the
+    // last to read the slot's Q and dO: with one slot, the producer reloads it under dQ.
+    float dq[kColumns / 2];
+    wg_fence();
+    const uint64_t pt_step = advance(pt_desc, buffer * kScoreBytes);
+    const uint64_t ds_step = advance(ds_desc, buffer * kScoreBytes);
+#pragma unroll
+    for (int kq = 0; kq < BM / 16; ++kq) {
+      const uint32_t rows_off = stage * kStageBytes + kq * 16 * kPanelRowBytes;
+      mma_ss<kColumns, 0, 1>(dv, advance(pt_step, kq * 32), advance(do_mn, rows_off), true);
+      mma_ss<kColumns, 0, 1>(dk, advance(ds_step, kq * 32), advance(q_mn, rows_off), true);
+    }
+    wg_commit();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      mma_ss<kColumns, 1, 1>(dq, advance(ds_step, kk * 16 * kPanelRowBytes),
+                             advance(k_mn, kk * 16 * kPanelRowBytes), kk > 0);
+    }
+    wg_commit();
+    wg_wait<1>();
+    pin(dv);
+    pin(dk);
+    // The slot's Q, dO, lse and D are read: the producer may refill it (every thread arrives,
+    // as in consume()).
+    mbar_arrive(s.empty(stage));
+    ring.advance();
+
+    // The dQ part into the staging tile once the writer has read the last one.
+    wait_dq_tile(s, dq_ring, g);
+    wg_wait<0>();
+    pin(dq);
+    stage_dq<kColumns>(s.dq(dq_ring.slot, g), dq, warp, lane);
+    fence_async_shared();
+    post_dq_record(s, dq_ring, g, info, tid, lane);
+  }
+  finish_dq_records(s, dq_ring, g, tid, lane);
+  store_dk_dv<PLAN>(a, s, g, k0, column0, tile, dk, dv);
 }
 
 // ---- the kernel ----
@@ -642,7 +815,7 @@ __global__ void __launch_bounds__(kTmaBackwardPlans[PLAN].threads(), 1)
       mbar_init(s.full(i), 32);                          // every producer lane (lse and D)
       mbar_init(s.empty(i), 128 * P.consumer_groups());  // every consumer thread
     }
-    for (int slot = 0; slot < 2; ++slot) {
+    for (int slot = 0; slot < P.dq_slots(); ++slot) {
       for (int g = 0; g < P.consumer_groups(); ++g) {
         mbar_init(s.dq_full(slot, g), 4);   // the group's warps
         mbar_init(s.dq_empty(slot, g), 1);  // the writer
@@ -658,7 +831,11 @@ __global__ void __launch_bounds__(kTmaBackwardPlans[PLAN].threads(), 1)
     if (threadIdx.x == 32) write_dq<PLAN>(args, s);
   } else {
     claim_registers<P.consumer_registers()>();
-    consume<PLAN, SEG>(args, s, warpgroup - 1);
+    if constexpr (P.head_parts() > 1) {
+      consume_head_part<PLAN, SEG>(args, s, warpgroup - 1);
+    } else {
+      consume<PLAN, SEG>(args, s, warpgroup - 1);
+    }
   }
 #else
   __trap();  // only compiled for sm_90a; can_implement refuses other devices
