@@ -291,9 +291,11 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--recompute", flags->recompute,
                   "Keep less for backward and recompute it there: none, attention (q, k, v; "
                   "naive also its S x S probabilities), mlp (the MLP's hidden-width "
-                  "activations) or block (only each layer's input: backward re-runs the "
-                  "layer's forward). The losses do not change; safe to change on --resume")
-      ->check(CLI::IsMember({"none", "attention", "mlp", "block"}))
+                  "activations), block (only each layer's input: backward re-runs the "
+                  "layer's forward) or elementwise (the norms' outputs and LLaMA's SwiGLU "
+                  "output: no GEMM runs again). The losses do not change; safe to change on "
+                  "--resume")
+      ->check(CLI::IsMember({"none", "attention", "mlp", "block", "elementwise"}))
       ->capture_default_str();
   cmd->add_option("--cuda-graph", flags->cuda_graph,
                   "Replay each step as one CUDA graph: the first step runs as usual, the second "

@@ -45,6 +45,10 @@ run llama1b_bf16_flash \
 run llama1b_bf16_compile \
   "--model llama3-1b --batch-size 4 --seq-len 2048 --dtype bf16 --attention flash" \
   "--model llama3-1b --batch-size 4 --seq-len 2048 --dtype bf16 --attention sdpa --compile"
+# The norms' and SwiGLU's outputs recomputed in the backward (--recompute elementwise): the
+# peak memory it saves against the row above and what it costs in tok/s, ours alone.
+run llama1b_bf16_elementwise \
+  "--model llama3-1b --batch-size 4 --seq-len 2048 --dtype bf16 --attention flash --recompute elementwise"
 # Every step run as usual (--cuda-graph off): what replaying the captured step (the default on
 # one GPU) saves, ours alone.
 run gpt2_bf16_b16_eager \

@@ -17,6 +17,11 @@
 //   block      everything but the input: norm1 (the unfused norm of the input is bit-identical
 //              to the fused add + norm that wrote it, nn/norms.cpp), then the layer's forward up
 //              to the MLP's activation (the down projection's output is only needed forward).
+//   elementwise  the outputs of element-wise ops: norm1's and norm2's (unfused norms of the
+//              layer's input and of x_mid, as block does for norm1) and, with SwiGLU, the
+//              activation (from the kept fc and gate). Most of none's saving for one pass over
+//              a few tensors; GELU's output stays (on the GPU the up projection's GEMM epilogue
+//              writes it: only re-running that GEMM, as mlp does, gives its bits).
 //
 // Bit-identical to none: the same ops on the same inputs in the same order, and nothing in the
 // forward draws random numbers (no dropout). The CUDA kernels give the same bits on the same
@@ -41,15 +46,19 @@ const char* recompute_name(Recompute mode) {
       return "mlp";
     case Recompute::block:
       return "block";
+    case Recompute::elementwise:
+      return "elementwise";
   }
   return "?";
 }
 
 Recompute parse_recompute(const std::string& name) {
-  for (Recompute mode : {Recompute::none, Recompute::attention, Recompute::mlp, Recompute::block}) {
+  for (Recompute mode : {Recompute::none, Recompute::attention, Recompute::mlp, Recompute::block,
+                         Recompute::elementwise}) {
     if (name == recompute_name(mode)) return mode;
   }
-  throw Error(str("unknown recompute mode '", name, "' (allowed: none, attention, mlp, block)"));
+  throw Error(str("unknown recompute mode '", name,
+                  "' (allowed: none, attention, mlp, block, elementwise)"));
 }
 
 namespace {
@@ -76,6 +85,10 @@ void Transformer::drop_recomputable(LayerCache& c) const {
     case Recompute::block:
       c = LayerCache();
       return;
+    case Recompute::elementwise:
+      c.norm1 = c.norm2 = NormOutput{};
+      if (config_.mlp() == MlpKind::swiglu) c.mlp_act = Tensor();
+      return;
   }
 }
 
@@ -84,6 +97,18 @@ void Transformer::recompute_dropped(int64_t l) {
   LayerCache& c = cache_[static_cast<size_t>(l)];
   const Tensor& x_in = residual_[static_cast<size_t>(l)];
   const ProfileRedirect redirect(profile_, OpFamily::recompute);
+  if (recompute_ == Recompute::elementwise) {
+    const Weights::Layer& W = w_->layers[static_cast<size_t>(l)];
+    ProfileRegion region(profile_, OpFamily::norm, traffic(x_in, 4));
+    c.norm1 = norm_forward(x_in, norm_weights_reading(l));
+    c.norm2 = norm_forward(c.x_mid, {W.norm2_w, W.norm2_b});
+    if (config_.mlp() == MlpKind::swiglu) {
+      region.enter(OpFamily::activation, traffic(c.fc, 3));
+      c.mlp_act = act(c.fc.shape());
+      nn::swiglu_forward(c.mlp_act, c.gate, c.fc);
+    }
+    return;
+  }
   const bool block = recompute_ == Recompute::block;
   const bool qkv = block || recompute_ == Recompute::attention;
   const bool rerun_attention = block || (qkv && reruns_attention(attention_.impl));

@@ -90,9 +90,14 @@ enum class Recompute {
   attention,
   mlp,    // drop the MLP's F-wide tensors (fc, gate, activation), recomputed from norm2's output
   block,  // keep only the layer's input (the residual stream); backward re-runs its forward
+  // Drop what element-wise ops wrote: both norms' outputs (re-made from the layer's input and
+  // x_mid) and LLaMA's SwiGLU output (from fc and gate). No GEMM runs again. GPT-2's GELU output
+  // stays: on the GPU the up projection's GEMM epilogue writes it, and a GELU of its own would
+  // not give the same bits.
+  elementwise,
 };
 const char* recompute_name(Recompute mode);
-Recompute parse_recompute(const std::string& name);  // none|attention|mlp|block
+Recompute parse_recompute(const std::string& name);  // none|attention|mlp|block|elementwise
 
 // The logits bytes one classifier chunk of `flashtrain train` takes at most by default.
 inline constexpr int64_t kClassifierChunkBytes = int64_t{256} << 20;

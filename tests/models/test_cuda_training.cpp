@@ -240,7 +240,8 @@ TEST(CudaTrainer, RecomputeModesTrainBitIdenticallyToNone) {
     c.quiet = true;
     std::ostringstream out;
     const train::TrainSummary none = train::train(c, out);
-    for (Recompute mode : {Recompute::attention, Recompute::mlp, Recompute::block}) {
+    for (Recompute mode :
+         {Recompute::attention, Recompute::mlp, Recompute::block, Recompute::elementwise}) {
       c.recompute = mode;
       EXPECT_EQ(train::train(c, out).losses, none.losses) << model << " " << recompute_name(mode);
     }

@@ -19,7 +19,8 @@ namespace ft::models {
 namespace {
 
 constexpr int64_t kBatch = 2, kSeq = 16;
-constexpr Recompute kSavingModes[] = {Recompute::attention, Recompute::mlp, Recompute::block};
+constexpr Recompute kSavingModes[] = {Recompute::attention, Recompute::mlp, Recompute::block,
+                                      Recompute::elementwise};
 
 // Two layers of the preset, head dim 8 (LLaMA: two query heads per kv head).
 ModelConfig small(const std::string& preset_name) {
@@ -159,7 +160,8 @@ Kept kept_after_forward(const ModelConfig& config, DType dtype, attention::Impl 
 }
 
 // Each mode keeps exactly what it says it does not drop: block the layers' inputs alone, mlp
-// all but the F-wide tensors, attention all but q, k, v (naive: all but its whole output).
+// all but the F-wide tensors, attention all but q, k, v (naive: all but its whole output),
+// elementwise all but the norms' outputs and row statistics and LLaMA's SwiGLU output.
 TEST(RecomputeKeptBytes, AreWhatEachModeKeeps) {
   for (const std::string name : {"gpt2-tiny", "llama3-tiny"}) {
     const ModelConfig m = small(name);
@@ -177,7 +179,15 @@ TEST(RecomputeKeptBytes, AreWhatEachModeKeeps) {
           const Kept attn = kept_after_forward(m, dtype, impl, Recompute::attention, segments);
           const Kept mlp = kept_after_forward(m, dtype, impl, Recompute::mlp, segments);
           const Kept block = kept_after_forward(m, dtype, impl, Recompute::block, segments);
+          const Kept elem = kept_after_forward(m, dtype, impl, Recompute::elementwise, segments);
           EXPECT_EQ(block.layers, L * tokens * m.n_embd * size) << what;
+          // Two norms a layer: the output, and fp32 rstd (and mean: layernorm) per token.
+          const int64_t stats = m.norm() == NormKind::layernorm ? 8 : 4;
+          const int64_t swiglu = m.mlp() == MlpKind::swiglu ? tokens * m.ffn_hidden * size : 0;
+          EXPECT_EQ(none.layers - elem.layers,
+                    L * (2 * tokens * (m.n_embd * size + stats) + swiglu))
+              << what;
+          EXPECT_EQ(elem.attention, none.attention) << what;
           EXPECT_EQ(none.layers - mlp.layers, L * wide * tokens * m.ffn_hidden * size) << what;
           if (impl == attention::Impl::flash) {
             EXPECT_EQ(none.layers - attn.layers, L * qkv) << what;
@@ -188,7 +198,7 @@ TEST(RecomputeKeptBytes, AreWhatEachModeKeeps) {
           }
           EXPECT_EQ(block.attention, 0) << what;
           EXPECT_EQ(mlp.attention, none.attention) << what;
-          for (const Kept& k : {attn, mlp}) {
+          for (const Kept& k : {attn, mlp, elem}) {
             EXPECT_LT(k.layers, none.layers) << what;
             EXPECT_LT(block.layers, k.layers) << what;
           }
@@ -234,7 +244,12 @@ TEST(RecomputeProfile, HasItsOwnRowAndLeavesTheOthersAsWithout) {
       const StepProfile::Row* recompute = row_of(rows, OpFamily::recompute);
       ASSERT_NE(recompute, nullptr) << name << " " << recompute_name(mode);
       EXPECT_GT(recompute->calls, 0);
-      EXPECT_GT(recompute->work, 0.0);
+      // The row counts FLOPs: elementwise recomputes no product, its bytes are not counted.
+      if (mode == Recompute::elementwise) {
+        EXPECT_EQ(recompute->work, 0.0) << name;
+      } else {
+        EXPECT_GT(recompute->work, 0.0) << name << " " << recompute_name(mode);
+      }
       for (const StepProfile::Row& r : none) {
         const StepProfile::Row* same = row_of(rows, r.family);
         ASSERT_NE(same, nullptr) << op_family_info(r.family).name;
@@ -249,13 +264,15 @@ TEST(RecomputeProfile, HasItsOwnRowAndLeavesTheOthersAsWithout) {
 }
 
 TEST(Recompute, NamesParseAndABadOneIsRefusedWithTheChoices) {
-  for (Recompute mode : {Recompute::none, Recompute::attention, Recompute::mlp, Recompute::block})
+  for (Recompute mode : {Recompute::none, Recompute::attention, Recompute::mlp, Recompute::block,
+                         Recompute::elementwise})
     EXPECT_EQ(parse_recompute(recompute_name(mode)), mode);
   try {
     parse_recompute("everything");
     FAIL() << "parsed";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("'everything' (allowed: none, attention, mlp, block)"),
+    EXPECT_NE(std::string(e.what()).find(
+                  "'everything' (allowed: none, attention, mlp, block, elementwise)"),
               std::string::npos)
         << e.what();
   }

@@ -259,8 +259,9 @@ TEST(Trainer, RecomputeKeepsLessAndTrainsBitIdentically) {
   c.total_batch_size = 2 * c.batch_size * c.seq_len;
   std::vector<double> kept;
   std::vector<double> straight;
-  for (models::Recompute mode : {models::Recompute::none, models::Recompute::attention,
-                                 models::Recompute::mlp, models::Recompute::block}) {
+  for (models::Recompute mode :
+       {models::Recompute::none, models::Recompute::attention, models::Recompute::mlp,
+        models::Recompute::block, models::Recompute::elementwise}) {
     c.recompute = mode;
     c.log_path = dir.file(std::string(models::recompute_name(mode)) + ".jsonl");
     std::ostringstream out;
