@@ -38,7 +38,7 @@ TEST(CliErrors, ParseErrorsAreOneErrorLineAndExit1) {
   expect_one_error_line("train --steps 1 --steps 2", "--steps");
   expect_one_error_line("train --attention fast", "fast");
   expect_one_error_line("train --recompute all",
-                        "--recompute: all not in {none,attention,mlp,block}");
+                        "--recompute: all not in {none,attention,mlp,block,elementwise}");
   expect_one_error_line("", "subcommand");
   expect_one_error_line("no-such-command", "no-such-command");
   expect_one_error_line("attention --q q.npy", "required");
