@@ -18,6 +18,7 @@ run() {  # name, flashtrain flags, peer flags (none: ours alone), steps (default
     --warmup 5 --lr 1e-4 $ours >"$out/ft_$name.log" 2>&1
   echo "flashtrain $name: $(grep '^steps ' "$out/ft_$name.log" || tail -2 "$out/ft_$name.log")"
   grep '^step ' "$out/ft_$name.log" | tail -1
+  grep '^memory:' "$out/ft_$name.log"
   [ -n "$peer" ] || return 0
   python3 bench/torch_peer.py --steps "$steps" $peer 2>"$out/torch_$name.err" | tee "$out/torch_$name.json"
 }

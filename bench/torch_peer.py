@@ -291,8 +291,15 @@ def main():
         "torch": torch.__version__, "gpu": torch.cuda.get_device_name() if cuda else "cpu",
         "model": args.model, "dtype": args.dtype, "attention": args.attention, "batch": B,
         "seq_len": T}
+    warmup_peak = warmup_reserved = 0
     try:
         for step in range(args.warmup + args.steps):
+            if cuda and step == args.warmup:
+                # The timed steps' own high-water mark beside the run's (warm-up and compilation
+                # included): flashtrain's summary reports both the same way.
+                warmup_peak = torch.cuda.max_memory_allocated()
+                warmup_reserved = torch.cuda.max_memory_reserved()
+                torch.cuda.reset_peak_memory_stats()
             synchronize()
             t0 = time.perf_counter()
             loss = train_step()
@@ -302,14 +309,18 @@ def main():
     except torch.cuda.OutOfMemoryError as e:
         # Running out of memory is a result at this shape: say so, with the peak reached.
         print(json.dumps({**header, "error": "out of memory", "steps_run": len(times),
-                          "peak_allocated_mb": round(torch.cuda.max_memory_allocated() / 2**20),
+                          "peak_allocated_mb": round(max(warmup_peak,
+                                                         torch.cuda.max_memory_allocated()) / 2**20),
                           "detail": str(e).splitlines()[0][:200]}))
         return
     ms = statistics.median(times) * 1000
     result = {
         **header, "ms": round(ms, 2), "tok_per_s": round(B * T / (ms / 1000)),
-        "peak_allocated_mb": round(torch.cuda.max_memory_allocated() / 2**20) if cuda else None,
-        "peak_reserved_mb": round(torch.cuda.max_memory_reserved() / 2**20) if cuda else None,
+        "peak_allocated_mb": round(max(warmup_peak, torch.cuda.max_memory_allocated()) / 2**20)
+        if cuda else None,
+        "timed_peak_allocated_mb": round(torch.cuda.max_memory_allocated() / 2**20) if cuda else None,
+        "peak_reserved_mb": round(max(warmup_reserved, torch.cuda.max_memory_reserved()) / 2**20)
+        if cuda else None,
         "loss": round(loss.item(), 4),
         "attention_kernels": attention_kernels(train_step) if args.attention == "sdpa" and cuda else None}
     if args.profile:

@@ -552,6 +552,9 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
   // The most the layers kept for backward in one micro-batch, read after each step's last
   // backward (evaluation and samples run forwards of other shapes afterwards).
   int64_t kept_bytes = 0;
+  // The high-water marks of the steps' peak used memory: over the run (the warm-up steps, with
+  // graphs the capturing one, included) and over the timed steps alone.
+  int64_t run_peak_used = 0, timed_peak_used = 0;
 
   // A failure inside the loop is recorded in the log before it propagates, so that the log of
   // a run that stopped says why: {"event": "error", "step", "kind", "message"}, kind
@@ -676,6 +679,7 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
       r.attention_saved_mb = to_mb(model.attention_saved_bytes());
       r.activations_saved_mb = to_mb(model.saved_activation_bytes());
       kept_bytes = std::max(kept_bytes, model.saved_activation_bytes());
+      run_peak_used = std::max(run_peak_used, mem.peak_used_bytes);
       const double elapsed_s = elapsed_ms(loop_start) / 1000.0;
       r.elapsed_s = elapsed_s;
       r.eta_s = elapsed_s / static_cast<double>(step - first_step + 1) *
@@ -685,6 +689,7 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
       if (step - first_step >= warmup_steps || (step == c.steps && timed_steps == 0)) {
         timed_ms += ms;
         ++timed_steps;
+        timed_peak_used = std::max(timed_peak_used, mem.peak_used_bytes);
       }
       const bool last = step == c.steps;
       if (val_loader && ((c.eval_every > 0 && step % c.eval_every == 0) || last)) {
@@ -747,6 +752,10 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
         << " rows; the whole micro-batch's: " << to_mb(logits_bytes(mc, c.dtype, micro_rows))
         << " MB)";
   }
+  if (run_peak_used > 0) {
+    out << "; peak used " << to_mb(run_peak_used) << " MB over the run, " << to_mb(timed_peak_used)
+        << " MB over the timed steps";
+  }
   out << "\n";
   if (!c.save_path.empty()) {
     out << "saved:     " << c.save_path << " (+ .state for --resume) after step " << done << "\n";
@@ -766,7 +775,9 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
              {"final_val_loss", summary.final_val_loss},
              {"tok_per_s", summary.tokens_per_second},
              {"mean_step_ms", summary.mean_step_ms},
-             {"activations_saved_mb", to_mb(kept_bytes)}});
+             {"activations_saved_mb", to_mb(kept_bytes)},
+             {"run_peak_used_mb", to_mb(run_peak_used)},
+             {"timed_peak_used_mb", to_mb(timed_peak_used)}});
   if (interrupted) {
     log.write({{"event", "interrupted"},
                {"step", done},

@@ -225,6 +225,37 @@ TEST(Trainer, LogHasOneJsonLinePerStep) {
   EXPECT_EQ(steps, 3);
 }
 
+// The summary's peak used memory: over the run the highest step's, over the timed steps (all
+// but the first, which warms up) the highest of those; the same in the summary's text.
+TEST(Trainer, SummaryReportsThePeakOverTheRunAndOverTheTimedSteps) {
+  test::TempDir dir;
+  TrainConfig c = tiny_run(4);
+  c.val_data.clear();
+  c.log_path = dir.file("run.jsonl");
+  std::ostringstream out;
+  train(c, out);
+  std::ifstream in(c.log_path);
+  std::string line;
+  double run_peak = 0.0, timed_peak = 0.0;
+  nlohmann::json summary;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("train_loss")) {
+      const double peak = j["peak_used_mb"].get<double>();
+      run_peak = std::max(run_peak, peak);
+      if (j["step"].get<int>() > 1) timed_peak = std::max(timed_peak, peak);
+    } else if (j.value("event", "") == "summary") {
+      summary = j;
+    }
+  }
+  ASSERT_TRUE(summary.contains("run_peak_used_mb")) << summary.dump();
+  EXPECT_GT(run_peak, 0.0);
+  EXPECT_EQ(summary["run_peak_used_mb"].get<double>(), run_peak);
+  EXPECT_EQ(summary["timed_peak_used_mb"].get<double>(), timed_peak);
+  EXPECT_NE(out.str().find(" MB over the run, "), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find(" MB over the timed steps"), std::string::npos) << out.str();
+}
+
 // What the attention keeps for backward is logged per step: naive the fp32 probabilities and
 // the log-sum-exp of every layer, flash the log-sum-exp only (summarize's expected saving).
 TEST(Trainer, LogSaysWhatTheAttentionKeeps) {
