@@ -656,7 +656,8 @@ struct DefaultRow {
 // plan there (64x64: two consumer groups share 64 keys, each half of the head dim). With
 // a window or segment ids (many short work tiles) the wgmma 64x64 forward stays faster (1.88 ms
 // against 2.03 ms for the best tma plan at window 512 + 5 documents). The backward is the tma
-// path's at head dims 64 and 128 (PERF.md, "The tma backward": hero causal 13.2 ms against the
+// path's at head dims 64, 128 and 256, measured at 64 and 128 against the other paths
+// (PERF.md, "The tma backward": hero causal 13.2 ms against the
 // wgmma 64x128's 16.9, window + documents 5.09 against 6.06-6.57, llama3-1b at S=32768 34.1
 // against 39.0, GPT-2 0.195 against the wgmma 64x64's 0.193-0.196; `flashtrain sweep
 // --all-paths` on the H200 picks these rows at the hero and GPT-2 shapes, docs/SWEEP.md). Head dim

@@ -19,8 +19,9 @@
 //              to the MLP's activation (the down projection's output is only needed forward).
 //   elementwise  the outputs of element-wise ops: norm1's and norm2's (unfused norms of the
 //              layer's input and of x_mid, as block does for norm1) and, with SwiGLU, the
-//              activation (from the kept fc and gate). Most of none's saving for one pass over
-//              a few tensors; GELU's output stays (on the GPU the up projection's GEMM epilogue
+//              activation (from the kept fc and gate). No product runs again: one
+//              element-wise pass per tensor re-made (llama3-1b: -2.66 GB for 1.5% of a step,
+//              docs/PERF.md); GELU's output stays (on the GPU the up projection's GEMM epilogue
 //              writes it: only re-running that GEMM, as mlp does, gives its bits).
 //
 // Bit-identical to none: the same ops on the same inputs in the same order, and nothing in the
