@@ -67,16 +67,22 @@ __device__ __forceinline__ float lse_log2(float lse) {
 
 // P^T = exp2(S^T * scale_log2 - lse_log2), in place; MASKED: zero where the mask hides a position
 // (the tiles a boundary cuts; a separate loop, so that the others test nothing per element).
-template <int BM, bool SEG, bool MASKED>
+// `seen[h]`: whether key h's segment can be seen from the tile at all (false folds the segment
+// test of a tile inside one document into the key's span); PER_QUERY: the segment ids of a tile
+// that a document boundary crosses, tested per position.
+template <int BM, bool PER_QUERY, bool MASKED>
 __device__ __forceinline__ void probabilities(float (&st)[BM / 2], const float (&lse2)[BM / 8][2],
                                               const FlashParams& p, const StepRows& r,
-                                              const int (&qids)[BM / 8][2], const int (&kid)[2]) {
+                                              const bool (&seen)[2], const int (&qids)[BM / 8][2],
+                                              const int (&kid)[2]) {
   constexpr int QT = BM / 8;
   VisibleSpan span[2] = {};  // the queries that see this thread's two keys
   if constexpr (MASKED) {
     const int base = r.q0 + (r.lane % 4) * 2;  // this thread's first query of the tile
-    span[0] = visible_queries(p, r.k0 + r.key_row, base);
-    span[1] = visible_queries(p, r.k0 + r.key_row + 8, base);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      span[h] = seen[h] ? visible_queries(p, r.k0 + r.key_row + 8 * h, base) : VisibleSpan{0, 0};
+    }
   }
 #pragma unroll
   for (int qt = 0; qt < QT; ++qt) {
@@ -85,7 +91,7 @@ __device__ __forceinline__ void probabilities(float (&st)[BM / 2], const float (
       float pv = bf16_detail::fast_exp2(fmaf(st[4 * qt + e], p.scale_log2, -lse2[qt][e % 2]));
       if constexpr (MASKED) {
         bool ok = span[e / 2].contains(qt * 8 + (e % 2));
-        if (SEG) ok = ok && same_segment(qids[qt][e % 2], kid[e / 2]);
+        if (PER_QUERY) ok = ok && same_segment(qids[qt][e % 2], kid[e / 2]);
         if (!ok) pv = 0.0f;
       }
       st[4 * qt + e] = pv;
@@ -142,26 +148,38 @@ __device__ __forceinline__ void probabilities_and_ds(float (&st)[BM / 2], float 
   constexpr int QT = BM / 8;
   const int lane = r.lane;
   if constexpr (!ROWS_READ) read_lse<BM, LSE_LOG2>(r, rows);
-  // Segment ids of this thread's query columns (a query tile inside one document needs no
-  // per-query read).
+  // Segment ids, where the mask cuts the step: a query tile inside one document (most of them,
+  // with packed documents) only decides which of this thread's keys it can see at all, folded
+  // into their spans; a tile that a document boundary crosses reads its queries' ids and tests
+  // every position.
+  bool seen[2] = {true, true};
+  bool per_query = false;
   int qids[QT][2] = {};
   if (SEG && r.partial) {
     const UniformSegment queries_seg = uniform_segment(chunk_row, r.q0, min(r.q0 + BM, r.seq_len));
+    if (queries_seg.uniform) {
 #pragma unroll
-    for (int qt = 0; qt < QT; ++qt) {
+      for (int h = 0; h < 2; ++h) seen[h] = same_segment(queries_seg.id, kid[h]);
+    } else {
+      per_query = true;
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int i = r.q0 + qt * 8 + (lane % 4) * 2 + c;
-        qids[qt][c] = queries_seg.uniform ? queries_seg.id : (i < r.seq_len ? seg_row[i] : -1);
+      for (int qt = 0; qt < QT; ++qt) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int i = r.q0 + qt * 8 + (lane % 4) * 2 + c;
+          qids[qt][c] = i < r.seq_len ? seg_row[i] : -1;
+        }
       }
     }
   }
   hopper::wg_wait<1>();
   hopper::pin(st);
-  if (r.partial) {
-    probabilities<BM, SEG, true>(st, rows.lse2, p, r, qids, kid);
+  if (SEG && per_query) {
+    probabilities<BM, true, true>(st, rows.lse2, p, r, seen, qids, kid);
+  } else if (r.partial) {
+    probabilities<BM, false, true>(st, rows.lse2, p, r, seen, qids, kid);
   } else {
-    probabilities<BM, SEG, false>(st, rows.lse2, p, r, qids, kid);
+    probabilities<BM, false, false>(st, rows.lse2, p, r, seen, qids, kid);
   }
   hopper::wg_wait<0>();
   hopper::pin(dpt);
