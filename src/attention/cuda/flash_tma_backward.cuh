@@ -11,9 +11,10 @@
 //   - two or three consumer warpgroups (the plan's block_n / 64), 64 keys each, whose dK and dV
 //     stay in registers over all steps; at head dim 256 two groups share 64 keys and each holds
 //     half of the head dim's columns (consume_head_part below).
-// A consumer's step (skipped where the mask hides all of its keys from the step's queries, unless
-// the other group reads its dS^T): S^T = K Q^T and dP^T = V dO^T (shared-memory products; P^T is
-// computed while dP^T runs), dS^T = P^T (dP^T - D), dS^T into shared memory (two buffers; where
+// A consumer's step (where the mask hides all of its keys from the step's queries, none of its
+// products; where the groups split dQ's columns, only its columns of dQ over the other group's
+// keys): S^T = K Q^T and dP^T = V dO^T (shared-memory products; P^T is computed while dP^T
+// runs), dS^T = P^T (dP^T - D), dS^T into shared memory (two buffers; where
 // the groups split dQ's columns the other group reads it too), then dQ = dS K from shared memory
 // and dV += P^T dO, dK += dS^T Q with the left operand from registers. Its dQ part (64 rows x 64
 // columns, fp32) goes into a staging tile (two per consumer, alternating, guarded by mbarriers)
@@ -31,7 +32,7 @@
 // meet): a counter per query tile says whose turn it is, and only the writer waits for it. Steps
 // that the mask hides from every group are then sent rather than skipped, so that every key block
 // in a query tile's range takes its turn: a group with nothing to add hands the writer an empty
-// record, whose turn the writer passes (where the groups split dQ's columns, zeros computed).
+// record, whose turn the writer passes (where the groups split the head dim, zeros computed).
 #pragma once
 
 #include <algorithm>
@@ -176,6 +177,12 @@ __device__ __forceinline__ void ds_stored(int g, int groups) {
     named_sync(1 + g, 128);
   }
 }
+// The same barrier of both groups where they split dQ's columns at head dim 128 (consume()): a
+// group whose keys the mask hides waits for it on its own path, at another instruction, so the
+// barrier is the unaligned form.
+__device__ __forceinline__ void ds_stored_split() {
+  named_sync_unaligned(1, 256);
+}
 
 // ---- scheduler ----
 
@@ -251,27 +258,31 @@ __device__ __forceinline__ void produce(const TmaBackwardArgs& a, const Backward
   }
   const bool deterministic = p.dq_semaphore != nullptr;
   RingPosition<P.stages> ring;
-  // Hands the consumers one slot: the step's record, lse and D of its rows (every lane writes
-  // two rows and arrives), Q and dO by TMA when `load`.
+  // Hands the consumers one slot: the step's record, Q and dO by TMA and lse and D of its rows
+  // (every lane two rows) when `load`. lse and D are read from global memory before the slot is
+  // free and Q and dO are asked for before lse and D are stored, so that neither the loads'
+  // latency nor the stores delay the copies.
+  constexpr int kRowsPerLane = BM / 32;
   auto send = [&](const StepInfo& info, bool load) {
-    // Every lane waits: each rewrites lse and D that consumer threads read.
-    mbar_wait(s.empty(ring.slot), ring.parity ^ 1);
-    uint64_t* full = s.full(ring.slot);
+    float lse2[kRowsPerLane], dsum[kRowsPerLane];
     if (load) {
       const int64_t row = (int64_t{b} * p.q_heads + info.head) * S;
 #pragma unroll
-      for (int i = lane; i < BM; i += 32) {
-        const int r = info.q0 + i;
+      for (int j = 0; j < kRowsPerLane; ++j) {
+        const int r = info.q0 + lane + 32 * j;
         // Rows past the end see nothing: lse +inf (log2 units) makes their P zero, as for rows
         // that see no key.
-        s.lse(ring.slot)[i] = r < S ? backward_step::lse_log2(p.lse[row + r]) : INFINITY;
-        s.dsum(ring.slot)[i] = r < S ? p.dsum[row + r] : 0.0f;
+        lse2[j] = r < S ? backward_step::lse_log2(p.lse[row + r]) : INFINITY;
+        dsum[j] = r < S ? p.dsum[row + r] : 0.0f;
       }
     }
+    // Every lane waits: each rewrites lse and D that consumer threads read.
+    mbar_wait(s.empty(ring.slot), ring.parity ^ 1);
+    uint64_t* full = s.full(ring.slot);
     if (lane == 0) {
       *s.info(ring.slot) = info;
       if (load) {
-        mbar_arrive_expect_bytes(full, static_cast<uint32_t>(2 * P.tile_bytes(BM)));
+        mbar_expect_bytes(full, static_cast<uint32_t>(2 * P.tile_bytes(BM)));
 #pragma unroll
         for (int panel = 0; panel < kPanels; ++panel) {
           tma_load(s.q(ring.slot) + panel * BM * kPanel, &a.q, full, panel * kPanel, info.head,
@@ -279,12 +290,16 @@ __device__ __forceinline__ void produce(const TmaBackwardArgs& a, const Backward
           tma_load(s.dout(ring.slot) + panel * BM * kPanel, &a.dout, full, panel * kPanel,
                    info.head, info.q0, b);
         }
-      } else {
-        mbar_arrive(full);
       }
-    } else {
-      mbar_arrive(full);
     }
+    if (load) {
+#pragma unroll
+      for (int j = 0; j < kRowsPerLane; ++j) {
+        s.lse(ring.slot)[lane + 32 * j] = lse2[j];
+        s.dsum(ring.slot)[lane + 32 * j] = dsum[j];
+      }
+    }
+    mbar_arrive(full);
     ring.advance();
   };
   for (int t = 0; t < steps.steps; ++t) {
@@ -300,9 +315,9 @@ __device__ __forceinline__ void produce(const TmaBackwardArgs& a, const Backward
           gk0 < S ? classify_spans(p, SEG, q_span, k_spans[g], q0, q1, gk0, gk1) : Cover::hidden;
       if (c == Cover::full && gk0 + 64 > S) c = Cover::partial;  // the keys end inside the group
       seen = seen || c != Cover::hidden;
-      // Where the groups split dQ's columns, each reads the other's dS^T: a hidden group computes
-      // its zeros.
-      if (c == Cover::hidden && P.dq_splits_columns()) c = Cover::partial;
+      // Where the groups split the head dim they share their keys: a step that hides them (sent in
+      // deterministic mode only) is computed as cut, zeros.
+      if (c == Cover::hidden && kParts > 1) c = Cover::partial;
       covers = with_group_cover(covers, g, c);
     }
     // A step that no group sees is skipped, except in deterministic mode: there every group
@@ -355,6 +370,21 @@ __device__ __forceinline__ void pass_turn(int* counter) {
 
 // ---- dQ writer ----
 
+// Whether consumer g staged nothing for a step: the mask hides its keys or, where the groups split
+// dQ's columns (each part sums over every key of the block), every group's keys.
+template <int PLAN>
+__device__ __forceinline__ bool dq_part_empty(int covers, int g) {
+  constexpr TmaBackwardPlan P = kTmaBackwardPlans[PLAN];
+  if constexpr (P.dq_splits_columns()) {
+    for (int h = 0; h < P.consumer_groups(); ++h) {
+      if (group_cover(covers, h) != Cover::hidden) return false;
+    }
+    return true;
+  } else {
+    return group_cover(covers, g) == Cover::hidden;
+  }
+}
+
 // The counter and turn of consumer g's part of query tile (h, q0) in deterministic mode. With
 // the head dim's columns split between the groups their parts never meet: a counter per group,
 // turns key block by key block; otherwise one counter, turns key block by key block, then group
@@ -395,7 +425,7 @@ __device__ __forceinline__ void write_dq(const TmaBackwardArgs& a, const Backwar
         tma_store_wait_all();
         return;
       }
-      const bool empty = group_cover(info.covers, g) == Cover::hidden;  // nothing staged
+      const bool empty = dq_part_empty<PLAN>(info.covers, g);  // nothing staged
       if (empty && !deterministic) continue;
       int turn = 0;
       int* counter =
@@ -498,6 +528,36 @@ __device__ __forceinline__ void finish_dq_records(const BackwardSmem<PLAN>& s,
   if constexpr (SLOTS == 2) wait_dq_tile(s, dq_ring, g);
 }
 
+// This thread's part of query columns [16 kq, + 16) of dS^T (a register operand: acc_to_a's
+// layout) into a step's dS^T buffer ([BN keys][64 queries], one panel).
+template <int BN>
+__device__ __forceinline__ void store_ds_part(__nv_bfloat16* tile, const uint32_t (&a)[4], int kq,
+                                              int key_row, int lane) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int col = kq * 16 + c * 8 + (lane % 4) * 2;
+      *reinterpret_cast<uint32_t*>(tile + panel_offset<BN>(key_row + 8 * half, col)) =
+          a[2 * c + half];
+    }
+  }
+}
+
+// dQ (the step's queries x the head dim's 64-column panel `panel`) = dS K over KEYS of the
+// block's BN keys from key0: dS^T (this step's buffer) read as an MN-major A (rows = keys), K
+// MN-major.
+template <int BN, int KEYS>
+__device__ __forceinline__ void issue_dq(float (&dq)[32], uint64_t ds_step, uint64_t k_desc,
+                                         int panel, int key0) {
+#pragma unroll
+  for (int kk = 0; kk < KEYS / 16; ++kk) {
+    const int key = key0 + kk * 16;
+    mma_ss<64, 1, 1>(dq, advance(ds_step, key * kPanelRowBytes),
+                     advance(k_desc, (panel * BN + key) * kPanelRowBytes), kk > 0);
+  }
+}
+
 template <int PLAN, bool SEG>
 __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const BackwardSmem<PLAN>& s,
                                         int g) {
@@ -505,6 +565,7 @@ __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const Backward
   constexpr int D = P.head_dim, BM = P.block_m, BN = P.block_n, QT = BM / 8, DT = D / 8;
   constexpr int kGroups = P.consumer_groups();
   static_assert(P.head_parts() == 1, "plans that split the head dim run consume_head_part");
+  static_assert(!P.dq_splits_columns() || kGroups == 2, "dQ's columns split between two groups");
   constexpr bool kDqSplitsColumns = P.dq_splits_columns();
   constexpr int kDqKeys = kDqSplitsColumns ? BN : 64;
   constexpr uint32_t kStageBytes = BM * D * 2;
@@ -552,26 +613,52 @@ __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const Backward
     if (info.head < 0) break;
     const int stage = ring.slot, q0 = info.q0;
     const Cover cover = group_cover(info.covers, g);
-    if (!kDqSplitsColumns && cover == Cover::hidden) {
-      // The mask hides this group's keys from the step's queries: no products, and an empty
-      // record for the writer (it skips the part, or in deterministic mode passes its turn).
-      wait_dq_tile(s, dq_ring, g);
-      post_dq_record(s, dq_ring, g, info, tid, lane);
+    if (cover == Cover::hidden) {
+      // The mask hides this group's keys from the step's queries: none of its products, and the
+      // slot is read at once. Where the groups split dQ's columns and the other group's keys are
+      // seen, its rows of dS^T are zeros (the other group's dQ part reads them) and it makes its
+      // columns of dQ over the other group's keys; otherwise it hands the writer an empty record
+      // (the writer skips the part, or in deterministic mode passes its turn).
       mbar_arrive(s.empty(stage));
       ring.advance();
+      wait_dq_tile(s, dq_ring, g);
+      const bool dq_part = kDqSplitsColumns && group_cover(info.covers, 1 - g) != Cover::hidden;
+      __nv_bfloat16* ds_tile = s.ds(local & 1);
+      if (dq_part) {
+        const uint32_t zeros[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+        for (int kq = 0; kq < BM / 16; ++kq) store_ds_part<BN>(ds_tile, zeros, kq, key_row, lane);
+        fence_async_shared();
+      }
+      // Where the groups split dQ's columns both pass the dS^T barrier at every step, also one
+      // that hides both (deterministic mode): no group may store a dS^T buffer before the other's
+      // dQ products of two steps before, which read it, are done.
+      if constexpr (kDqSplitsColumns) ds_stored_split();
+      if (dq_part) {
+        float dq[32];
+        wg_fence();
+        issue_dq<BN, 64>(dq, advance(ds_desc, (local & 1) * kDsBytes), k_desc, dq_panel,
+                         (1 - g) * 64);
+        wg_commit();
+        wg_wait<0>();
+        pin(dq);
+        stage_dq<64>(s.dq(dq_ring.slot, g), dq, warp, lane);
+        fence_async_shared();
+      }
+      post_dq_record(s, dq_ring, g, info, tid, lane);
       continue;
     }
     const bool partial = cover == Cover::partial;
     const uint64_t q_stage = advance(q_desc, stage * kStageBytes);
     const uint64_t do_stage = advance(do_desc, stage * kStageBytes);
-    const float* lse_t = s.lse(stage);
-    const float* dsum_t = s.dsum(stage);
 
     // S^T = K Q^T, then dP^T = V dO^T, in two groups: P^T is computed while dP^T runs. Rows =
     // this group's keys, columns = the step's queries; all four operands K-major.
     float st[QT * 4], dpt[QT * 4];
     pin(dk);
     pin(dv);
+    const float* lse_t = s.lse(stage);
+    const float* dsum_t = s.dsum(stage);
     const backward_step::StepRows rows{lse_t, dsum_t, q0, k0, key_row, lane, S, partial};
     backward_step::RowValues<BM> values;
     // Not with segment ids: their masked steps keep more live, and the early values spilled
@@ -591,34 +678,25 @@ __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const Backward
     for (int kq = 0; kq < BM / 16; ++kq) {
       acc_to_a(ap[kq], st, kq);
       acc_to_a(ads[kq], dpt, kq);
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int col = kq * 16 + c * 8 + (lane % 4) * 2;
-          *reinterpret_cast<uint32_t*>(ds_tile + panel_offset<BN>(key_row + 8 * half, col)) =
-              ads[kq][2 * c + half];
-        }
-      }
+      store_ds_part<BN>(ds_tile, ads[kq], kq, key_row, lane);
     }
     fence_async_shared();
     // The dS^T that this group's dQ reads is stored. (The other buffer was last read by the dQ
     // products of the step before, which each group finished before it stored this step's dS^T.)
-    ds_stored<kDqSplitsColumns>(g, kGroups);
+    if constexpr (kDqSplitsColumns) {
+      ds_stored_split();
+    } else {
+      ds_stored<false>(g, kGroups);
+    }
 
-    // dQ (queries x 64 columns) = dS K: dS^T read as an MN-major A (rows = keys), K MN-major;
-    // then dV += P^T dO and dK += dS^T Q (left operand from registers, dO and Q MN-major).
+    // dQ (queries x 64 columns) = dS K over the keys that some group sees (issue_dq); then
+    // dV += P^T dO and dK += dS^T Q (left operand from registers, dO and Q MN-major).
     float dq[32];
     pin(ap);
     pin(ads);
-    wg_fence();
     const uint64_t ds_step = advance(ds_desc, ds_buffer * kDsBytes);
-#pragma unroll
-    for (int kk = 0; kk < kDqKeys / 16; ++kk) {
-      const int key = dq_key0 + kk * 16;
-      mma_ss<64, 1, 1>(dq, advance(ds_step, key * kPanelRowBytes),
-                       advance(k_desc, (dq_panel * BN + key) * kPanelRowBytes), kk > 0);
-    }
+    wg_fence();
+    issue_dq<BN, kDqKeys>(dq, ds_step, k_desc, dq_panel, dq_key0);
     wg_commit();
 #pragma unroll
     for (int kq = 0; kq < BM / 16; ++kq) {

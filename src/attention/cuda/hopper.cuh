@@ -89,6 +89,15 @@ __device__ __forceinline__ void mbar_arrive_expect_bytes(uint64_t* bar, uint32_t
       : "memory");
 #endif
 }
+// Announces `bytes` the copy engine will deliver to the current phase, without arriving (the
+// thread arrives later, e.g. after its own stores into the same stage).
+__device__ __forceinline__ void mbar_expect_bytes(uint64_t* bar, uint32_t bytes) {
+#ifdef FT_HOPPER_ENABLED
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+#endif
+}
 __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
   uint32_t done = 1;
 #ifdef FT_HOPPER_ENABLED
@@ -130,6 +139,13 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 __device__ __forceinline__ void named_sync(int id, int threads) {
 #ifdef FT_HOPPER_ENABLED
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+#endif
+}
+// The same, for a barrier whose participants wait at different instructions (`bar.sync` is
+// `.aligned`: every thread of the block that uses the barrier must execute the same instruction).
+__device__ __forceinline__ void named_sync_unaligned(int id, int threads) {
+#ifdef FT_HOPPER_ENABLED
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 #endif
 }
 // Counts this thread towards barrier `id` without waiting.
