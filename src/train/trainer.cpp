@@ -571,6 +571,11 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
   // device is done with them by then.
   const double loss_scale = 1.0 / static_cast<double>(accum);
   DeviceGraph graph;
+  // The capturing step's marks up to its first replay. The pool's high-water mark and the graph
+  // memory's are reached at different moments of that step (the pool's while the first step's
+  // leftovers live, until the capture ends; the graph's during the replay), so their sum would
+  // overstate its peak: the step's peak is the larger of the two stretches'. Zero at other steps.
+  MemoryStats before_first_replay;
   std::vector<Tensor> graph_x, graph_y, graph_pending(static_cast<size_t>(rank_accum));
   OptimizerStep graph_update;
   if (graphs) {
@@ -601,6 +606,8 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
       // The graph's memory is its own: the pool's spare memory (with the first step's
       // activations, freed as the capture replaced them) goes back before the graph takes it.
       release_cached_memory(c.device);
+      before_first_replay = memory_stats(c.device);
+      reset_peak_memory(c.device);
       out << "graph:     step " << at << " captured: " << graph.node_count() << " nodes in "
           << elapsed_ms(t) << " ms\n";
     }
@@ -661,8 +668,14 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
         log.write(to_json(report));
       }
       const bool stop_here = c.stop_requested != nullptr && c.stop_requested->load();
-      const StepShares shares = share_step(comm, losses, rank_ms, memory_stats(c.device), stop_here,
-                                           tokens_per_step / ranks);
+      MemoryStats step_memory = memory_stats(c.device);
+      step_memory.peak_used_bytes =
+          std::max(step_memory.peak_used_bytes, before_first_replay.peak_used_bytes);
+      step_memory.peak_reserved_bytes =
+          std::max(step_memory.peak_reserved_bytes, before_first_replay.peak_reserved_bytes);
+      before_first_replay = MemoryStats();
+      const StepShares shares =
+          share_step(comm, losses, rank_ms, step_memory, stop_here, tokens_per_step / ranks);
       const double loss = shares.loss, ms = shares.ms;
       FT_CHECK(std::isfinite(loss), "training diverged: loss is ", loss, " at step ", step);
       const MemoryStats& mem = shares.memory;
