@@ -1,10 +1,12 @@
 // Training steps replayed by a CUDA graph (--cuda-graph): the same losses as the steps run as
 // usual, bit for bit, over 50 steps whose learning rate moves (warm-up and cosine decay), with
-// gradient accumulation, evaluations and samples between replays; and where graphs cannot be
-// used, a clear error. Skipped without a GPU.
+// gradient accumulation, evaluations and samples between replays; where graphs cannot be used, a
+// clear error; the capturing step's peak memory as it was. Skipped without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 
@@ -107,6 +109,32 @@ TEST(CudaGraphTraining, AutoUsesGraphsAndSaysWhereItCannot) {
     EXPECT_NE(std::string(e.what()).find("--cuda-graph on: --profile"), std::string::npos)
         << e.what();
   }
+}
+
+// The step that captures the graph holds the first step's leftovers until the capture ends and
+// the graph's memory only from its first replay on: its peak is the larger of the two stretches
+// (at most the first step's or a replayed step's), not the sum of the pool's and the graph
+// memory's high-water marks, which are reached at different moments.
+TEST(CudaGraphTraining, CapturingStepPeakIsItsLargerStretch) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU: " << cuda_unavailable_reason();
+  test::TempDir dir;
+  TrainConfig c = gpu_run("gpt2-tiny", DType::bf16, attention::Impl::flash);
+  c.steps = 4;
+  c.cuda_graph = TrainConfig::CudaGraph::on;
+  c.log_path = dir.file("run.jsonl");
+  run(c);
+  std::ifstream log(c.log_path);
+  std::map<int64_t, double> peak;  // step -> peak used MB
+  for (std::string line; std::getline(log, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("step") && j.contains("peak_used_mb")) {
+      peak[j.at("step").get<int64_t>()] = j.at("peak_used_mb").get<double>();
+    }
+  }
+  ASSERT_EQ(peak.size(), 4u);
+  EXPECT_GT(peak[1], 0.0);
+  EXPECT_LE(peak[2], std::max(peak[1], peak[3]) + 0.5)
+      << "steps 1-3: " << peak[1] << ", " << peak[2] << ", " << peak[3] << " MB";
 }
 
 }  // namespace
