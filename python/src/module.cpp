@@ -17,6 +17,8 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -204,8 +206,7 @@ class CallContext {
 #else
     if (q.device_type() == nb::device::cuda::value) {
       device_id_ = q.device_id();
-      cuda::init_device(device_id_);  // one GPU per process: another is an ft::Error
-      FT_CUDA_CHECK(cudaSetDevice(device_id_));
+      use_device(device_id_);
       scope_.emplace(reinterpret_cast<cudaStream_t>(stream));
     }
 #endif
@@ -229,6 +230,23 @@ class CallContext {
   }
 
  private:
+#ifdef FLASHTRAIN_WITH_CUDA
+  // Makes q's GPU current on this thread. The library's one-GPU rule (cuda::init_device: another
+  // GPU is an ft::Error) is checked on a device's first call only, and the device is set only
+  // when the thread's current one is another: the framework has usually made q's current, and
+  // the query costs less than setting it again.
+  static void use_device(int device_id) {
+    static std::atomic<int> ready{-1};
+    if (ready.load(std::memory_order_acquire) != device_id) {
+      cuda::init_device(device_id);
+      ready.store(device_id, std::memory_order_release);
+    }
+    int current = -1;
+    FT_CUDA_CHECK(cudaGetDevice(&current));
+    if (current != device_id) FT_CUDA_CHECK(cudaSetDevice(device_id));
+  }
+#endif
+
   uintptr_t stream_;
   nb::object stream_owner_;
   nb::object from_capsule_;
@@ -407,20 +425,71 @@ Inputs borrow_inputs(const Array& q, const Array& k, const Array& v, const Array
   return in;
 }
 
-nb::tuple forward(const Array& q, const Array& k, const Array& v, const Array& segment_ids,
-                  bool causal, int64_t window, double scale, const std::string& impl_name,
-                  const attention::KernelConfig* config, uintptr_t stream, nb::object stream_owner,
-                  int export_form, nb::object from_capsule) {
+// How far a forward call goes: a call goes all the way; bench/python_attention.py's pieces stop
+// earlier (_forward_probe), so that the host time of each stage says what it adds.
+enum class Stage : int { arguments = 0, context = 1, inputs = 2, library = 3, all = 4 };
+
+nb::object forward_until(Stage stop, const Array& q, const Array& k, const Array& v,
+                         const Array& segment_ids, bool causal, int64_t window, double scale,
+                         const std::string& impl_name, const attention::KernelConfig* config,
+                         uintptr_t stream, nb::object stream_owner, int export_form,
+                         nb::object from_capsule) {
+  if (stop == Stage::arguments) return nb::none();
   const attention::Impl impl = attention::parse_impl(impl_name);
   const CallContext call(q, stream, std::move(stream_owner), export_form, std::move(from_capsule));
+  if (stop == Stage::context) return nb::none();
   const Inputs in = borrow_inputs(q, k, v, segment_ids, causal, window, scale, false);
+  if (stop == Stage::inputs) return nb::none();
   attention::ForwardOutput out;
   {
     nb::gil_scoped_release release;
     out = attention::forward(impl, in.problem, in.q, in.k, in.v, in.segment_ids, config);
   }
+  if (stop == Stage::library) return nb::none();  // out is freed here, on the call's stream
   return nb::make_tuple(hand_back(std::move(out.o), q.dtype(), call),
                         hand_back(std::move(out.lse), q.dtype(), call));
+}
+
+nb::tuple forward(const Array& q, const Array& k, const Array& v, const Array& segment_ids,
+                  bool causal, int64_t window, double scale, const std::string& impl_name,
+                  const attention::KernelConfig* config, uintptr_t stream, nb::object stream_owner,
+                  int export_form, nb::object from_capsule) {
+  return nb::steal<nb::tuple>(forward_until(Stage::all, q, k, v, segment_ids, causal, window, scale,
+                                            impl_name, config, stream, std::move(stream_owner),
+                                            export_form, std::move(from_capsule))
+                                  .release());
+}
+
+nb::object forward_probe(int stage, const Array& q, const Array& k, const Array& v,
+                         const Array& segment_ids, bool causal, int64_t window, double scale,
+                         const std::string& impl_name, const attention::KernelConfig* config,
+                         uintptr_t stream, nb::object stream_owner, int export_form,
+                         nb::object from_capsule) {
+  if (stage < static_cast<int>(Stage::arguments) || stage > static_cast<int>(Stage::all)) {
+    throw nb::value_error(str("attention: probe stage ", stage, " (allowed: 0 to 4)").c_str());
+  }
+  return forward_until(static_cast<Stage>(stage), q, k, v, segment_ids, causal, window, scale,
+                       impl_name, config, stream, std::move(stream_owner), export_form,
+                       std::move(from_capsule));
+}
+
+// The library's flash forward (the default configuration) called `calls` times back to back from
+// C++, on a call's inputs and stream, each call's outputs freed before the next as the C++ bench
+// (bench/bench_attention_gpu.cpp) frees them: the host microseconds per call that the binding
+// adds to, measured in this process.
+double forward_loop(const Array& q, const Array& k, const Array& v, bool causal, uintptr_t stream,
+                    int calls) {
+  if (calls < 1) throw nb::value_error(str("attention: calls ", calls, " (allowed: >= 1)").c_str());
+  const CallContext call(q, stream, nb::object(), static_cast<int>(Export::capsule), nb::object());
+  const Inputs in = borrow_inputs(q, k, v, Array(), causal, 0, 0.0, false);
+  nb::gil_scoped_release release;
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < calls; ++i) {
+    (void)attention::forward(attention::Impl::flash, in.problem, in.q, in.k, in.v);
+  }
+  const std::chrono::duration<double, std::micro> elapsed =
+      std::chrono::steady_clock::now() - start;
+  return elapsed.count() / calls;
 }
 
 nb::tuple backward(const Array& q, const Array& k, const Array& v, const Array& o, const Array& lse,
@@ -511,6 +580,18 @@ NB_MODULE(_flashtrain, m) {
         "(o, lse): the library's forward; see flashtrain.attention.forward. stream_owner: held "
         "until the outputs are freed on `stream`; export_form: 0 DLPack object, 1 NumPy, 2 "
         "DLPack capsule, passed through from_capsule (e.g. torch._C._from_dlpack) unless None.");
+  m.def("_forward_probe", &python::forward_probe, nb::arg("stage"), nb::arg("q"), nb::arg("k"),
+        nb::arg("v"), nb::arg("segment_ids").none(), nb::arg("causal"), nb::arg("window"),
+        nb::arg("scale"), nb::arg("impl"), nb::arg("config").none(), nb::arg("stream"),
+        nb::arg("stream_owner").none(), nb::arg("export_form"), nb::arg("from_capsule").none(),
+        "forward's stages up to `stage` (0: the arguments converted, 1: + the device and stream "
+        "set, 2: + the inputs wrapped and checked, 3: + the library's forward, its outputs freed; "
+        "4: forward itself), for bench/python_attention.py's pieces; None before 4.");
+  m.def(
+      "_forward_loop", &python::forward_loop, nb::arg("q"), nb::arg("k"), nb::arg("v"),
+      nb::arg("causal"), nb::arg("stream"), nb::arg("calls"),
+      "Host microseconds per call of `calls` back-to-back flash forwards called from C++ on "
+      "these inputs and stream (the floor of forward's host time), for bench/python_attention.py.");
   m.def("backward", &python::backward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"),
         nb::arg("lse"), nb::arg("do"), nb::arg("segment_ids").none(), nb::arg("causal"),
         nb::arg("window"), nb::arg("scale"), nb::arg("deterministic"), nb::arg("impl"),

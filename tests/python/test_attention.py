@@ -169,6 +169,25 @@ def test_read_only_inputs_are_accepted():
     assert np.all(np.isfinite(o))
 
 
+def test_benchmark_probes():
+    """The module's pieces for bench/python_attention.py: forward stopped after each stage returns
+    None (the stages it went through still check), stage 4 is forward itself, and the C++ loop
+    of the library's forward times itself."""
+    rng = np.random.default_rng(10)
+    q, k, v, _ = random_inputs(rng, 1, 8, 2, 2, 8)
+    ext = attention._ext
+    rest = (None, True, 0, 0.0, "flash", None, 0, None, attention._EXPORT_NUMPY, None)
+    for stage in range(4):
+        assert ext._forward_probe(stage, q, k, v, *rest) is None
+    o, _ = ext._forward_probe(4, q, k, v, *rest)
+    assert np.array_equal(o, attention.forward(q, k, v, causal=True)[0])
+    with pytest.raises(ValueError, match="must agree in batch"):
+        ext._forward_probe(2, q[:, :4].copy(), k, v, *rest)
+    with pytest.raises(ValueError, match="stage 5"):
+        ext._forward_probe(5, q, k, v, *rest)
+    assert ext._forward_loop(q, k, v, True, 0, 3) > 0
+
+
 def test_kernel_config_parses_and_prints():
     c = attention.KernelConfig.parse("fwd=128x64/128 bwd=64x64/128/double")
     assert str(c) == "fwd=128x64/128 bwd=64x64/128/double"
