@@ -58,6 +58,18 @@ def forward(q, k, v, *, causal=False, window=0, segment_ids=None, scale=None, im
     Raises TypeError for a wrong dtype, ValueError for a wrong rank, shape, head count, mask,
     non-contiguous input or a kernel configuration the device cannot run.
     """
+    torch = _torch
+    if (torch is not None and stream is None and segment_ids is None and scale is None
+            and config is None and type(causal) is bool and type(window) is int
+            and impl in _IMPLS):
+        # The common call, PyTorch tensors with plain keywords, with nothing left to check here:
+        # _Torch.forward's work inline.
+        tensor = torch.tensor
+        if isinstance(q, tensor) and isinstance(k, tensor) and isinstance(v, tensor):
+            to = torch.to_capsule
+            return _ext.forward(to(q), to(k), to(v), None, causal, window, 0.0, impl, None,
+                                torch.current_stream(q.get_device()) if q.is_cuda else 0, None,
+                                _EXPORT_CAPSULE, torch.from_capsule)
     settings = _settings(causal, window, scale, impl, config)
     torch_route = _torch_route(q, k, v, segment_ids, stream)
     if torch_route is not None:
@@ -82,6 +94,18 @@ def backward(q, k, v, o, lse, do, *, causal=False, window=0, segment_ids=None, s
     sums, at a cost; a configuration that cannot is a ValueError with the reason; the CPU and
     fp32 paths always are). Raises as ``forward`` does.
     """
+    torch = _torch
+    if (torch is not None and stream is None and segment_ids is None and scale is None
+            and config is None and type(causal) is bool and type(window) is int
+            and impl in _IMPLS and type(deterministic) is bool):
+        tensor = torch.tensor  # as in forward: the common call inline
+        if (isinstance(q, tensor) and isinstance(k, tensor) and isinstance(v, tensor)
+                and isinstance(o, tensor) and isinstance(lse, tensor) and isinstance(do, tensor)):
+            to = torch.to_capsule
+            return _ext.backward(to(q), to(k), to(v), to(o), to(lse), to(do), None, causal,
+                                 window, 0.0, deterministic, impl, None,
+                                 torch.current_stream(q.get_device()) if q.is_cuda else 0, None,
+                                 _EXPORT_CAPSULE, torch.from_capsule)
     settings = _settings(causal, window, scale, impl, config)
     if not isinstance(deterministic, bool):
         raise TypeError(f"attention: deterministic must be a bool, got {deterministic!r}")
@@ -171,15 +195,13 @@ class _Torch:
                 return torch.cuda.current_stream(index).cuda_stream
         self.current_stream = raw
 
-    def stream(self, q):
-        return self.current_stream(q.get_device()) if q.is_cuda else 0
-
     def forward(self, q, k, v, segment_ids, settings):
         """(o, lse) for settings checked by _settings."""
         to = self.to_capsule
         causal, window, scale, impl, config = settings
         return _ext.forward(to(q), to(k), to(v), None if segment_ids is None else to(segment_ids),
-                            causal, window, scale, impl, config, self.stream(q), None,
+                            causal, window, scale, impl, config,
+                            self.current_stream(q.get_device()) if q.is_cuda else 0, None,
                             _EXPORT_CAPSULE, self.from_capsule)
 
     def backward(self, q, k, v, o, lse, do, segment_ids, settings, deterministic):
@@ -188,11 +210,12 @@ class _Torch:
         causal, window, scale, impl, config = settings
         return _ext.backward(to(q), to(k), to(v), to(o), to(lse), to(do),
                              None if segment_ids is None else to(segment_ids), causal, window,
-                             scale, deterministic, impl, config, self.stream(q), None,
+                             scale, deterministic, impl, config,
+                             self.current_stream(q.get_device()) if q.is_cuda else 0, None,
                              _EXPORT_CAPSULE, self.from_capsule)
 
 
-_torch = None
+_torch = None  # _Torch once a call has met PyTorch (or flashtrain.torch is imported)
 
 
 def _torch_handles():

@@ -34,10 +34,16 @@ __all__ = ["flash_attn_func", "flash_attn_varlen_func"]
 
 _IMPLS = ("flash", "naive")
 _MAX_HEAD_DIM = 256
-_DTYPES = (torch.bfloat16, torch.float32)
+_BF16, _FP32 = torch.bfloat16, torch.float32
+_DTYPES = (_BF16, _FP32)
 _UNBOUNDED = (-1, -1)  # flash-attn's default window_size: no window
 # The module's route for PyTorch tensors on the current stream (capsules in, tensors out).
 _TORCH = _attention._torch_handles()
+_ext = _attention._ext
+_EXPORT_CAPSULE = _attention._EXPORT_CAPSULE
+# The module's settings (causal, window, scale, impl, config) of flash_attn_func's common call.
+_CAUSAL_SETTINGS = (True, 0, 0.0, "flash", None)
+_FULL_SETTINGS = (False, 0, 0.0, "flash", None)
 
 
 # ---------------------------------------------------------------- the custom ops
@@ -136,6 +142,19 @@ class _EagerAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
+def _attend_eager(q, k, v, causal, deterministic):
+    """o of flash_attn_func's common eager call (flash, no window, the default scale and
+    configuration): _attend's eager routes, with _TORCH.forward inline when no gradient is
+    wanted."""
+    settings = _CAUSAL_SETTINGS if causal else _FULL_SETTINGS
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _EagerAttention.apply(q, k, v, None, settings, deterministic)
+    to = _TORCH.to_capsule
+    return _ext.forward(to(q), to(k), to(v), None, causal, 0, 0.0, "flash", None,
+                        _TORCH.current_stream(q.get_device()) if q.is_cuda else 0, None,
+                        _EXPORT_CAPSULE, _TORCH.from_capsule)[0]
+
+
 def _attend(q, k, v, segment_ids, causal, window, scale, impl, config, deterministic):
     """o by the route that fits: the custom op under torch.compile, else autograd's Function,
     else (no gradient wanted) the plain call."""
@@ -165,6 +184,16 @@ def _check_unsupported(dropout_p, softcap, alibi_slopes, deterministic, return_a
                                   "kernels never form the attention probabilities)")
     if not isinstance(deterministic, bool):
         raise TypeError(f"flashtrain: deterministic must be a bool, got {deterministic!r}")
+
+
+def _plain_dtypes(q, k, v):
+    """True for plain tensors (no subclass) of one dtype that flash_attn_func takes: what its
+    common call must check before the module, which accepts more (float64, uint16 as bf16)."""
+    tensor = torch.Tensor
+    if type(q) is not tensor or type(k) is not tensor or type(v) is not tensor:
+        return False
+    dtype = q.dtype
+    return (dtype is _BF16 or dtype is _FP32) and k.dtype is dtype and v.dtype is dtype
 
 
 def _plain_tensors(q, k, v, rank):
@@ -214,6 +243,13 @@ def _check_tensors(q, k, v, rank, layout):
                          f"of k ({kv_heads}) and v ({v.shape[-2]})")
 
 
+def _check_lengths(q, k, v):
+    if k.shape[:2] != q.shape[:2] or v.shape[:2] != q.shape[:2]:
+        raise NotImplementedError(f"flashtrain: q {tuple(q.shape)}, k {tuple(k.shape)}, v "
+                                  f"{tuple(v.shape)}: batch and seqlen must agree (query and key "
+                                  "lengths that differ are not supported)")
+
+
 def _mask(causal, window_size, seqlen):
     """flash-attn's (causal, window_size) as our (causal, window): query i sees keys
     [i - left, i + right], -1 meaning unbounded; causal sets right to 0."""
@@ -261,14 +297,29 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     Ours only: ``impl="naive"`` runs the GEMM + softmax + GEMM baseline instead;
     ``config`` picks the CUDA bf16 kernels' tiles (``"fwd=128x64/128 bwd=64x64/128/double"``).
     """
+    if (window_size is _UNBOUNDED and softmax_scale is None and impl == "flash" and config is None
+            and dropout_p == 0.0 and softcap == 0.0 and alibi_slopes is None
+            and not return_attn_probs and type(deterministic) is bool
+            and _plain_dtypes(q, k, v) and not torch.compiler.is_compiling()):
+        # The common eager call: its keywords are flash-attn's defaults, and the module checks
+        # the shapes. Only a call the module refuses pays for the checks that say what is wrong
+        # in flash-attn's terms, and a strided input for its copy.
+        try:
+            return _attend_eager(q, k, v, bool(causal), deterministic)
+        except (ValueError, TypeError) as e:
+            refused = e
+        _check_tensors(q, k, v, 4, "[batch, seqlen, heads, head dim]")
+        _check_lengths(q, k, v)
+        if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
+            return flash_attn_func(q.contiguous(), k.contiguous(), v.contiguous(), causal=causal,
+                                   deterministic=deterministic)
+        raise refused
     plain = _plain_tensors(q, k, v, 4)
     if not plain:
         _check_tensors(q, k, v, 4, "[batch, seqlen, heads, head dim]")
     _check_unsupported(dropout_p, softcap, alibi_slopes, deterministic, return_attn_probs)
-    if not plain and (k.shape[:2] != q.shape[:2] or v.shape[:2] != q.shape[:2]):
-        raise NotImplementedError(f"flashtrain: q {tuple(q.shape)}, k {tuple(k.shape)}, v "
-                                  f"{tuple(v.shape)}: batch and seqlen must agree (query and key "
-                                  "lengths that differ are not supported)")
+    if not plain:
+        _check_lengths(q, k, v)
     is_causal, window = _mask(causal, window_size, q.shape[1])
     scale, config = _settings(softmax_scale, impl, config)
     return _attend(q.contiguous(), k.contiguous(), v.contiguous(), None, is_causal, window, scale,

@@ -319,6 +319,24 @@ def test_eager_and_custom_op_routes_agree(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_common_call_and_general_route_agree(device):
+    """flash_attn_func's common call (flash-attn's default keywords, plain tensors: no checks
+    before the module) and the general route (here: a window_size tuple that is not the default
+    object, nn.Parameter inputs) give the same bits, with and without autograd."""
+    q, k, v, do = (t.float() for t in inputs(1, 29, 4, 2, 64, device, torch.float32, seed=10))
+    params = [torch.nn.Parameter(t.clone()) for t in (q, k, v)]
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    common = ft.flash_attn_func(*leaves, causal=True)
+    general = ft.flash_attn_func(*params, causal=True, window_size=(-1, -1))
+    assert torch.equal(common, general)
+    for a, b in zip(torch.autograd.grad(common, leaves, do), torch.autograd.grad(general, params,
+                                                                                  do)):
+        assert torch.equal(a, b)
+    with torch.no_grad():
+        assert torch.equal(ft.flash_attn_func(q, k, v, causal=True), common)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_strided_inputs_are_made_contiguous(device):
     """q, k, v sliced out of a fused QKV tensor (strided) give what contiguous copies give."""
     B, T, H, D = 2, 33, 4, 64
