@@ -28,9 +28,15 @@ Two numbers per row:
             longer per call than the host, both host times can include waits on a full launch
             queue; the tiny case is the one that measures the binding.
   pieces    on the smallest case chosen, the host time per call of each piece of one
-            flashtrain.attention.forward (the current-stream query, the DLPack exports and
-            imports, the module call itself), to say where the binding's time goes
-            (--no-parts leaves it out).
+            flashtrain.attention.forward, measured as host us is: the current-stream query, the
+            DLPack exports and imports, the module call stopped after each of its stages
+            (_forward_probe: arguments converted; device and stream set; inputs wrapped; the
+            library's forward), its outputs as capsules and as tensors, the library's forward
+            called back to back from C++ in this process (_forward_loop: on torch's stream and
+            on the C++ bench's cudaStreamPerThread), the wrappers, the backward's module call,
+            and the autograd round trip beside PyTorch's own for a built-in op and for an
+            identity autograd.Function; then what each step adds (differences of medians), to
+            say where the binding's time goes (--no-parts leaves it out).
 
   python3 bench/python_attention.py                          # every case, every impl
   python3 bench/python_attention.py --case tiny --impl ft-dlpack,ft-func --host-calls 100
@@ -232,14 +238,42 @@ def host_us(fn, args, device, queue, host_ms_guess):
     return statistics.median(samples), min(samples)
 
 
+def loop_host_us(loop, args, device, queue):
+    """Median and min over --host-rounds of what loop(calls) returns (host us per call of
+    --host-calls calls made back to back in C++), each round behind fills as host_us's are."""
+    samples = []
+    for _ in range(args.host_rounds):
+        peer.synchronize(device)
+        queue.enqueue(1.5 * 0.02 * args.host_calls + 1.0)
+        samples.append(loop(args.host_calls))
+        peer.synchronize(device)
+    return statistics.median(samples), min(samples)
+
+
+class _Identity(torch.autograd.Function):
+    """The smallest Python autograd.Function: what any attention written as one (flash-attn's
+    FlashAttnFunc, ours) pays in PyTorch's autograd before its own work."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
 def binding_parts(case, s, args, device, queue):
     """Rows of host us per call for the pieces of one flashtrain.attention.forward (what it
-    does around the C++ call, and the module call itself), so that one run says where the
-    binding's time goes."""
+    does around the C++ call, and the module call itself, stage by stage), so that one run says
+    where the binding's time goes; and of the autograd round trip beside PyTorch's own cost of
+    one for a built-in op and for a Python autograd.Function."""
     from flashtrain import attention
     from flashtrain.torch import flash_attn_func
     ext = attention._ext
     q, k, v = (s["ft_" + n].detach() for n in "qkv")
+    leaves = tuple(s["ft_" + n] for n in "qkv")
+    dout = s["ft_dout"]
     cuda = device.type == "cuda"
     stream = torch.cuda.current_stream(device).cuda_stream if cuda else 0
 
@@ -247,41 +281,110 @@ def binding_parts(case, s, args, device, queue):
     index = device.index if device.index is not None else 0
     to_dlpack = torch.utils.dlpack.to_dlpack
     from_capsule = getattr(torch._C, "_from_dlpack", torch.utils.dlpack.from_dlpack)
+    capsule = attention._EXPORT_CAPSULE
+
+    def module_stage(stage):  # forward's stages (module.cpp, Stage) on capsules of q, k, v
+        return lambda _: ext._forward_probe(stage, to_dlpack(q), to_dlpack(k), to_dlpack(v), None,
+                                            True, 0, 0.0, "flash", None, stream, None, capsule,
+                                            from_capsule)
 
     def module_forward(_):  # what attention.forward does for tensors on the current stream
         return ext.forward(to_dlpack(q), to_dlpack(k), to_dlpack(v), None, True, 0, 0.0, "flash",
-                           None, stream, None, attention._EXPORT_CAPSULE, from_capsule)
+                           None, stream, None, capsule, from_capsule)
 
     def module_capsules(_):  # the same without making tensors of the outputs
         return ext.forward(to_dlpack(q), to_dlpack(k), to_dlpack(v), None, True, 0, 0.0, "flash",
-                           None, stream, None, attention._EXPORT_CAPSULE, None)
+                           None, stream, None, capsule, None)
+
+    o_saved, lse_saved = attention.forward(q, k, v, causal=True)
+    dout_plain = dout.detach()
+
+    def module_backward(_):  # what attention.backward does for tensors on the current stream
+        return ext.backward(to_dlpack(q), to_dlpack(k), to_dlpack(v), to_dlpack(o_saved),
+                            to_dlpack(lse_saved), to_dlpack(dout_plain), None, True, 0, 0.0,
+                            False, "flash", None, stream, None, capsule, from_capsule)
+
+    def dlpack_step(_):
+        o, lse = attention.forward(*leaves, causal=True)
+        attention.backward(*leaves, o, lse, dout, causal=True)
+
+    side = torch.cuda.Stream(device) if cuda else None
+
+    def on_side_stream(fn):  # fn, its fills and its outputs' frees on a stream of its own
+        def timed(fn_, args_, device_, queue_, guess):
+            with torch.cuda.stream(side):
+                return host_us(fn_, args_, device_, queue_, guess)
+        return fn, timed
 
     out_dlpack = ext.forward(q, k, v, None, True, 0, 0.0, "flash", None, stream, None,
                              attention._EXPORT_DLPACK, None)[0]
-    parts = [
-        ("torch.cuda.current_stream(device).cuda_stream",
-         lambda _: torch.cuda.current_stream(device).cuda_stream),
-        ("torch._C._cuda_getCurrentRawStream(index)", lambda _: raw_stream(index)),
+    # (name, fn(i) for host_us); a "loop:" piece's fn(calls) returns the host us per call of
+    # that many back-to-back calls made in C++; a "fwd+bwd:" piece is a training step's calls.
+    parts = []
+    if cuda:
+        parts += [
+            ("torch.cuda.current_stream(device).cuda_stream",
+             lambda _: torch.cuda.current_stream(device).cuda_stream),
+            ("torch._C._cuda_getCurrentRawStream(index)", lambda _: raw_stream(index)),
+        ]
+    parts += [
         ("tensor.detach()", lambda _: q.detach()),
         ("tensor.__dlpack__(stream=...) (CPU: none)",
          lambda _: q.__dlpack__(stream=stream or 1) if cuda else q),
         ("torch.utils.dlpack.to_dlpack(tensor)", lambda _: to_dlpack(q)),
+        ("3 x torch.utils.dlpack.to_dlpack(tensor)",
+         lambda _: (to_dlpack(q), to_dlpack(k), to_dlpack(v))),
         ("torch.from_dlpack(a DLPack object)", lambda _: torch.from_dlpack(out_dlpack)),
         ("torch._C._from_dlpack(object.__dlpack__())",
          lambda _: from_capsule(out_dlpack.__dlpack__())),
+        ("module stage 0: 3 capsules made and converted (nanobind's call)", module_stage(0)),
+        ("module stage 1: + device and stream set", module_stage(1)),
+        ("module stage 2: + inputs wrapped, problem checked", module_stage(2)),
+        ("module stage 3: + the library's forward (outputs freed in C++)", module_stage(3)),
         ("module forward: 3 capsules in, 2 capsules out", module_capsules),
         ("module forward: 3 capsules in, 2 tensors out", module_forward),
-        ("flashtrain.attention.forward", lambda _: attention.forward(q, k, v, causal=True)),
-        ("flash_attn_func, no autograd", lambda _: flash_attn_func(q, k, v, causal=True)),
+        ("loop: library forward from C++ in this process, on torch's current stream",
+         lambda calls: ext._forward_loop(q, k, v, True, stream, calls)),
     ]
+    parts.append(("flashtrain.attention.forward",
+                  lambda _: attention.forward(q, k, v, causal=True)))
+    if cuda:
+        parts.append(("flashtrain.attention.forward on a side stream (not the legacy default)",
+                      on_side_stream(lambda _: attention.forward(q, k, v, causal=True))))
+    parts += [
+        ("flash_attn_func, no autograd", lambda _: flash_attn_func(q, k, v, causal=True)),
+        ("flash_attn_func, inputs that require grad (forward only)",
+         lambda _: flash_attn_func(*leaves, causal=True)),
+        ("bwd: module backward: 6 capsules in, 3 tensors out", module_backward),
+        ("bwd: flashtrain.attention.backward",
+         lambda _: attention.backward(q, k, v, o_saved, lse_saved, dout_plain, causal=True)),
+        ("fwd+bwd: flashtrain.attention.forward + backward (no autograd)", dlpack_step),
+        ("fwd+bwd: x * 2.0 + autograd.grad (a built-in op's C++ backward)",
+         lambda _: torch.autograd.grad(leaves[0] * 2.0, leaves[0], dout)),
+        ("fwd+bwd: identity autograd.Function + autograd.grad (a Python backward)",
+         lambda _: torch.autograd.grad(_Identity.apply(leaves[0]), leaves[0], dout)),
+        ("fwd+bwd: flash_attn_func + autograd.grad",
+         lambda _: torch.autograd.grad(flash_attn_func(*leaves, causal=True), leaves, dout)),
+    ]
+    if cuda:
+        # Last: once used, cudaStreamPerThread (handle 2, the stream the C++ bench runs on) is a
+        # blocking stream that the legacy default stream's later work would be ordered after.
+        parts.append(("loop: library forward from C++ in this process, on cudaStreamPerThread "
+                      "(the C++ bench's stream)",
+                      lambda calls: ext._forward_loop(q, k, v, True, 2, calls)))
     rows = []
     for name, fn in parts:
-        if (name.startswith("torch.cuda.") or name.startswith("torch._C._cuda")) and not cuda:
-            continue
-        row = dict(side="profile", impl="part", case=case, dir="fwd", part=name)
+        direction = name.split(":")[0] if name.startswith(("bwd:", "fwd+bwd:")) else "fwd"
+        row = dict(side="profile", impl="part", case=case, dir=direction, part=name)
         try:
-            fn(0)
-            row["host_us"], row["host_us_min"] = host_us(fn, args, device, queue, 0.1)
+            if name.startswith("loop:"):
+                fn(1)
+                row["host_us"], row["host_us_min"] = loop_host_us(fn, args, device, queue)
+            else:
+                fn, timer = fn if isinstance(fn, tuple) else (fn, host_us)
+                fn(0)
+                guess_ms = 0.1 if direction == "fwd" else 0.5
+                row["host_us"], row["host_us_min"] = timer(fn, args, device, queue, guess_ms)
         except Exception as e:  # noqa: BLE001 - a piece that fails is a row
             row["error"] = f"{type(e).__name__}: {str(e).strip()}"
         rows.append(row)
@@ -405,8 +508,42 @@ def case_table(case, spec, rows):
     return lines
 
 
+# What each step of flashtrain.attention.forward adds: (step, later piece, earlier piece), the
+# difference of the two pieces' medians (pieces of binding_parts, by the start of their names).
+STEPS = [
+    ("nanobind's call: 13 arguments, 3 capsules converted", "module stage 0",
+     "3 x torch.utils.dlpack.to_dlpack"),
+    ("device and stream set (CallContext)", "module stage 1", "module stage 0"),
+    ("inputs wrapped, problem checked", "module stage 2", "module stage 1"),
+    ("the library's forward called from Python, outputs freed", "module stage 3",
+     "module stage 2"),
+    ("... of which the library itself (its C++ loop on the same stream)",
+     "loop: library forward from C++ in this process, on torch's", None),
+    ("2 outputs exported as capsules (freed by Python)",
+     "module forward: 3 capsules in, 2 capsules", "module stage 3"),
+    ("2 capsules made into tensors (torch._C._from_dlpack) and freed by PyTorch",
+     "module forward: 3 capsules in, 2 tensors", "module forward: 3 capsules in, 2 capsules"),
+    ("flashtrain.attention's Python wrapper", "flashtrain.attention.forward",
+     "module forward: 3 capsules in, 2 tensors"),
+    ("flash_attn_func's Python wrapper", "flash_attn_func, no autograd",
+     "flashtrain.attention.forward"),
+    ("flashtrain.attention.backward's Python wrapper", "bwd: flashtrain.attention.backward",
+     "bwd: module backward"),
+    ("legacy default stream against a side stream (whole call)", "flashtrain.attention.forward",
+     "flashtrain.attention.forward on a side stream"),
+    ("torch's current stream against cudaStreamPerThread (C++ loop)",
+     "loop: library forward from C++ in this process, on torch's",
+     "loop: library forward from C++ in this process, on cudaStreamPerThread"),
+    ("autograd.Function.apply (forward only)", "flash_attn_func, inputs that require grad",
+     "flash_attn_func, no autograd"),
+    ("autograd.grad around a Python autograd.Function, beyond a built-in op's",
+     "fwd+bwd: identity autograd.Function", "fwd+bwd: x * 2.0"),
+]
+
+
 def parts_lines(rows, cxx_rows):
-    """Where the host time of flashtrain.attention.forward goes, beside the C++ bench's."""
+    """Where the host time of flashtrain.attention.forward goes, beside the C++ bench's: each
+    piece, then what each step adds (differences of medians, so within the pieces' spread)."""
     if not rows:
         return []
     case = rows[0]["case"]
@@ -420,6 +557,21 @@ def parts_lines(rows, cxx_rows):
             lines.append(f"| {r['part']} | {' '.join(r['error'].split())[:200]} | |")
         else:
             lines.append(f"| {r['part']} | {r['host_us']:.2f} | {r['host_us_min']:.2f} |")
+
+    def median_of(prefix):
+        for r in rows:
+            if r["part"].startswith(prefix) and "host_us" in r:
+                return r["host_us"]
+        return None
+    steps = []
+    for step, later, earlier in STEPS:
+        a = median_of(later)
+        b = 0.0 if earlier is None else median_of(earlier)
+        if a is not None and b is not None:
+            steps.append(f"| {step} | {a - b:+.2f} |")
+    if steps:
+        lines += ["", "What each step adds (difference of the two pieces' medians):", "",
+                  "| step | host us/call |", "|---|---:|"] + steps
     return lines
 
 
