@@ -16,7 +16,8 @@
 #     --batch-size 16 --seq-len 1024' scripts/gpu_profile.sh   # a kernel of a training step
 #
 # KERNELS: forward and/or backward (matched as wgmma_<kernel>_kernel, or set KERNEL_REGEX);
-# CASE, BATCH (default 4), CONFIG: passed to bench_attention_gpu; SECTIONS: ncu's sections
+# CASE, BATCH (default 4), CONFIG: passed to bench_attention_gpu (BENCH_ARGS: more of its flags,
+# e.g. '--seq-len 2048 --q-heads 32'); SECTIONS: ncu's sections
 # (default: --set full with source counters); NCU_ARGS (default --clock-control none: the
 # clocks as the card runs them, not locked to base); BENCH: the bench binary (default the carried
 # one; a variant's, build-gpu/variants/NAME/bench_attention_gpu, unpacked by gpu_variants.sh);
@@ -38,6 +39,8 @@ else
   program=("${BENCH:-build-gpu/carry/bench_attention_gpu}" --case "${CASE:-hero-causal}"
     --batch "${BATCH:-4}" --impl flash
     --config "${CONFIG:-fwd=128x128/256/wgmma bwd=64x128/256/wgmma}" --warmup 0 --iters 1)
+  # shellcheck disable=SC2206
+  program+=(${BENCH_ARGS:-})
 fi
 for k in ${KERNELS:-forward backward}; do
   regex="${KERNEL_REGEX:-wgmma_${k}_kernel}"
