@@ -19,13 +19,21 @@ Two numbers per row:
             of --iters, inputs rotated past 4x L2, a queue of fills ahead of the timed calls so
             that host work overlaps kernels (the method of bench_attention_gpu and
             bench/torch_attention_peer.py, whose helpers this script uses).
-  host us   host time per call: --host-calls calls back to back, median of --host-rounds rounds,
-            each round started behind a queue of fills that keeps the GPU busy for the whole
-            round, so that a call that waits on the GPU shows as a long host time. The C++ bench
-            measures its host time per call over the same number of back-to-back calls (its
-            --warmup), and "binding" is the Python host time minus the C++ one: what the
-            binding costs per call (issue 20: under 5 us). On a shape where the GPU takes
-            longer per call than the host, both host times can include waits on a full launch
+  host us   host time per call, two ways:
+            idle   the C++ bench's own method (bench_attention_gpu's host_ms_per_call): after a
+                   synchronize, --host-calls calls back to back on a GPU that starts idle, their
+                   mean; here the median of --host-rounds such rounds, and the C++ bench's the
+                   median of --cxx-runs runs (one round each).
+            queue  the same calls behind a queue of fills that keeps the GPU busy for the whole
+                   round (median of --host-rounds rounds), so that a call that waits on the GPU
+                   shows as a long host time. The C++ bench has no such number.
+            "binding" is the Python host time minus the C++ one, both measured the C++ bench's
+            way: what the binding costs per call (issue 20: under 5 us). The library's forward
+            called back to back from C++ in this process (_forward_loop) is timed both ways too:
+            the GPU's state changes the library's own host time (cudaMallocAsync/cudaFreeAsync
+            and the launch behind 2.5 ms of queued work against an idle GPU), so a Python time
+            taken behind a queue is not comparable with the C++ bench's. On a shape where the GPU
+            takes longer per call than the host, host times can include waits on a full launch
             queue; the tiny case is the one that measures the binding.
   pieces    on the smallest case chosen, the host time per call of each piece of one
             flashtrain.attention.forward, measured as host us is: the current-stream query, the
@@ -94,7 +102,8 @@ def flop(spec, direction):
 
 def cxx_command(binary, spec, args):
     """bench_attention_gpu on one shape: the gpt2 preset with every shape flag given, flash only,
-    --warmup one more than --host-calls so that its host time per call covers as many calls."""
+    --warmup one more than --host-calls so that its host time per call covers as many calls
+    (its host_ms_per_call: the calls after the first, back to back on an idle GPU)."""
     return [binary, "--case", "gpt2", "--impl", "flash", "--dtype", "bf16",
             "--batch", str(spec["batch"]), "--seq-len", str(spec["seq_len"]),
             "--q-heads", str(spec["q_heads"]), "--kv-heads", str(spec["kv_heads"]),
@@ -120,26 +129,31 @@ def parse_cxx(stdout):
 
 def cxx_rows(case, spec, args):
     """The C++ bench's fwd and fwd+bwd on this shape as rows of ours, or one row with the
-    reason it gave none."""
+    reason it gave none. It runs --cxx-runs times: its host time per call is one round of
+    --host-calls calls a run, so the rows take the median of the runs' (GPU times: the first
+    run's); host_us_runs keeps each."""
     binary = args.cxx_bench
     base = dict(side="c++", impl="c++", case=case, **spec)
     if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
         return [dict(base, dir="fwd", error=f"no C++ bench at {binary} (carry "
                      "build-gpu/carry.tar.xz from scripts/build_gpu.sh, or pass --cxx-bench)")]
     cmd = cxx_command(binary, spec, args)
-    log(f"{case} c++: {' '.join(cmd)}")
-    try:
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=args.cxx_timeout)
-    except subprocess.TimeoutExpired:
-        return [dict(base, dir="fwd", error=f"timed out after {args.cxx_timeout} s")]
-    if run.stderr.strip():
-        log("\n".join("  c++: " + line for line in run.stderr.strip().splitlines()))
-    got = parse_cxx(run.stdout)
-    if run.returncode != 0 or "fwd" not in got:
-        tail = (run.stderr.strip().splitlines() or ["no output"])[-1]
-        return [dict(base, dir="fwd", error=f"exit {run.returncode}: {tail}")]
+    log(f"{case} c++: {' '.join(cmd)} (x{args.cxx_runs})")
+    runs = []
+    for _ in range(args.cxx_runs):
+        try:
+            run = subprocess.run(cmd, capture_output=True, text=True, timeout=args.cxx_timeout)
+        except subprocess.TimeoutExpired:
+            return [dict(base, dir="fwd", error=f"timed out after {args.cxx_timeout} s")]
+        if run.stderr.strip() and not runs:
+            log("\n".join("  c++: " + line for line in run.stderr.strip().splitlines()))
+        got = parse_cxx(run.stdout)
+        if run.returncode != 0 or "fwd" not in got:
+            tail = (run.stderr.strip().splitlines() or ["no output"])[-1]
+            return [dict(base, dir="fwd", error=f"exit {run.returncode}: {tail}")]
+        runs.append(got)
     out = []
-    fwd, bwd = got["fwd"], got.get("bwd", {})
+    fwd, bwd = runs[0]["fwd"], runs[0].get("bwd", {})
     for direction in DIRS:
         row = dict(base, dir=direction, flop=flop(spec, direction), gpu=fwd.get("gpu"))
         parts = [fwd] if direction == "fwd" else [fwd, bwd]
@@ -150,7 +164,11 @@ def cxx_rows(case, spec, args):
             row["median_ms"] = sum(p["median_ms"] for p in parts)
             row["min_ms"] = sum(p["min_ms"] for p in parts)
             row["max_ms"] = sum(p["max_ms"] for p in parts)
-            row["host_us"] = 1e3 * sum(p["host_ms_per_call"] for p in parts)
+            each = [1e3 * sum(r[p].get("host_ms_per_call", float("nan"))
+                              for p in (("fwd",) if direction == "fwd" else ("fwd", "bwd")))
+                    for r in runs]
+            row["host_us_runs"] = each
+            row["host_us"] = row["host_us_idle"] = statistics.median(each)
             row["tflops"] = row["flop"] / (row["median_ms"] * 1e9)
             row["config"] = fwd.get("config")
         out.append(row)
@@ -238,6 +256,21 @@ def host_us(fn, args, device, queue, host_ms_guess):
     return statistics.median(samples), min(samples)
 
 
+def idle_host_us(fn, args, device, queue=None, host_ms_guess=None):
+    """The C++ bench's method (bench_attention_gpu's host_ms_per_call): after a synchronize,
+    --host-calls back-to-back calls of fn(i) on an idle GPU, their mean; median and min over
+    --host-rounds rounds."""
+    samples = []
+    for _ in range(args.host_rounds):
+        peer.synchronize(device)
+        t0 = time.perf_counter()
+        for i in range(args.host_calls):
+            fn(i)
+        samples.append((time.perf_counter() - t0) * 1e6 / args.host_calls)
+        peer.synchronize(device)
+    return statistics.median(samples), min(samples)
+
+
 def loop_host_us(loop, args, device, queue):
     """Median and min over --host-rounds of what loop(calls) returns (host us per call of
     --host-calls calls made back to back in C++), each round behind fills as host_us's are."""
@@ -245,6 +278,16 @@ def loop_host_us(loop, args, device, queue):
     for _ in range(args.host_rounds):
         peer.synchronize(device)
         queue.enqueue(1.5 * 0.02 * args.host_calls + 1.0)
+        samples.append(loop(args.host_calls))
+        peer.synchronize(device)
+    return statistics.median(samples), min(samples)
+
+
+def loop_idle_host_us(loop, args, device, queue=None):
+    """loop_host_us the C++ bench's way: each round after a synchronize, no fills."""
+    samples = []
+    for _ in range(args.host_rounds):
+        peer.synchronize(device)
         samples.append(loop(args.host_calls))
         peer.synchronize(device)
     return statistics.median(samples), min(samples)
@@ -311,10 +354,12 @@ def binding_parts(case, s, args, device, queue):
     side = torch.cuda.Stream(device) if cuda else None
 
     def on_side_stream(fn):  # fn, its fills and its outputs' frees on a stream of its own
-        def timed(fn_, args_, device_, queue_, guess):
-            with torch.cuda.stream(side):
-                return host_us(fn_, args_, device_, queue_, guess)
-        return fn, timed
+        def on_side(timer):
+            def timed(*timer_args):
+                with torch.cuda.stream(side):
+                    return timer(*timer_args)
+            return timed
+        return fn, on_side
 
     out_dlpack = ext.forward(q, k, v, None, True, 0, 0.0, "flash", None, stream, None,
                              attention._EXPORT_DLPACK, None)[0]
@@ -377,18 +422,25 @@ def binding_parts(case, s, args, device, queue):
         direction = name.split(":")[0] if name.startswith(("bwd:", "fwd+bwd:")) else "fwd"
         row = dict(side="profile", impl="part", case=case, dir=direction, part=name)
         try:
+            # Each piece both ways (see the top): behind fills, and the C++ bench's way.
+            fn, wrap = fn if isinstance(fn, tuple) else (fn, lambda timer: timer)
+            guess_ms = 0.1 if direction == "fwd" else 0.5
             if name.startswith("loop:"):
                 fn(1)
-                row["host_us"], row["host_us_min"] = loop_host_us(fn, args, device, queue)
+                timers = ((loop_host_us, ()), (loop_idle_host_us, ()))
             else:
-                fn, timer = fn if isinstance(fn, tuple) else (fn, host_us)
                 fn(0)
-                guess_ms = 0.1 if direction == "fwd" else 0.5
-                row["host_us"], row["host_us_min"] = timer(fn, args, device, queue, guess_ms)
+                timers = ((host_us, (guess_ms,)), (idle_host_us, (guess_ms,)))
+            (queue_timer, extra), (idle_timer, _) = timers
+            row["host_us"], row["host_us_min"] = wrap(queue_timer)(fn, args, device, queue,
+                                                                   *extra)
+            row["host_us_idle"], row["host_us_idle_min"] = wrap(idle_timer)(fn, args, device,
+                                                                            queue, *extra)
         except Exception as e:  # noqa: BLE001 - a piece that fails is a row
             row["error"] = f"{type(e).__name__}: {str(e).strip()}"
         rows.append(row)
-        log(f"{case} binding part {name}: {row.get('host_us', row.get('error'))}")
+        log(f"{case} binding part {name}: {row.get('host_us', row.get('error'))} "
+            f"(idle GPU: {row.get('host_us_idle')})")
     return rows
 
 
@@ -427,15 +479,16 @@ def measure(impl, direction, case, spec, sets, args, device, queue, gpu):
             timed = peer.time_calls(lambda i, _: step(sets[i % len(sets)]), args, device, queue)
             host, host_min = host_us(lambda i: step(sets[i % len(sets)]), args, device, queue,
                                      timed["host_ms_per_call"])
+            idle, idle_min = idle_host_us(lambda i: step(sets[i % len(sets)]), args, device)
     except Exception as e:  # noqa: BLE001 - a failing impl is a row, not a crash
         row["error"] = str(e).strip() or type(e).__name__
         log(f"{case} {impl} {direction}: {row['error']}")
         return row
     row.update(median_ms=timed["median_ms"], min_ms=timed["min_ms"], max_ms=timed["max_ms"],
-               host_us=host, host_us_min=host_min,
+               host_us=host, host_us_min=host_min, host_us_idle=idle, host_us_idle_min=idle_min,
                tflops=row["flop"] / (timed["median_ms"] * 1e9))
     log(f"{case} {impl} {direction}: {row['median_ms']:.4f} ms, {row['tflops']:.1f} TFLOP/s, "
-        f"host {host:.1f} us/call")
+        f"host {host:.1f} us/call (idle GPU: {idle:.1f})")
     return row
 
 
@@ -477,7 +530,9 @@ def header(info, args):
     lines.append(f"torch {info['torch']}, CUDA {info['cuda']}, cuDNN {info['cudnn']}, {ft}, "
                  f"Python {info['python']}")
     lines.append(f"bf16, causal; GPU ms: median of {args.iters} (events, queue ahead); host us: "
-                 f"median of {args.host_rounds} rounds of {args.host_calls} back-to-back calls; "
+                 f"median of {args.host_rounds} rounds of {args.host_calls} back-to-back calls, "
+                 "behind a queue of fills (queue) and as the C++ bench times them, on a GPU "
+                 f"that starts idle (idle; the C++ bench: median of {args.cxx_runs} runs); "
                  "TFLOP/s from 4*pairs*D forward, 3.5x that forward+backward")
     return lines
 
@@ -491,20 +546,23 @@ def case_table(case, spec, rows):
     shape = (f"B={spec['batch']} S={spec['seq_len']} Hq={spec['q_heads']} "
              f"Hkv={spec['kv_heads']} D={spec['head_dim']}")
     lines = ["", f"## {case}: {shape}", "",
-             "| impl | dir | GPU ms (median) | min .. max | TFLOP/s | host us/call | note |",
-             "|---|---|---:|---|---:|---:|---|"]
+             "| impl | dir | GPU ms (median) | min .. max | TFLOP/s | host us/call idle | "
+             "host us/call queue | note |",
+             "|---|---|---:|---|---:|---:|---:|---|"]
     for row in rows:
         if row["side"] == "profile":
             continue
         if "error" in row:
             why = " ".join(row["error"].split())
             why = why if len(why) <= 300 else why[:300] + " ..."
-            lines.append(f"| {row['impl']} | {row['dir']} | | | | | {why} |")
+            lines.append(f"| {row['impl']} | {row['dir']} | | | | | | {why} |")
             continue
         span = f"{row['min_ms']:.4f} .. {row['max_ms']:.4f}"
         note = row.get("note", "") or (f"config {row['config']}" if row.get("config") else "")
+        queue = "" if row["impl"] == "c++" else fmt(row, "host_us", ".1f")
         lines.append(f"| {row['impl']} | {row['dir']} | {fmt(row, 'median_ms', '.4f')} | {span} "
-                     f"| {fmt(row, 'tflops', '.1f')} | {fmt(row, 'host_us', '.1f')} | {note} |")
+                     f"| {fmt(row, 'tflops', '.1f')} | {fmt(row, 'host_us_idle', '.1f')} | "
+                     f"{queue} | {note} |")
     return lines
 
 
@@ -519,6 +577,8 @@ STEPS = [
      "module stage 2"),
     ("... of which the library itself (its C++ loop on the same stream)",
      "loop: library forward from C++ in this process, on torch's", None),
+    ("the C++ loop in this process against the C++ bench (its process, build and stream)",
+     "loop: library forward from C++ in this process, on cudaStreamPerThread", "C++ bench"),
     ("2 outputs exported as capsules (freed by Python)",
      "module forward: 3 capsules in, 2 capsules", "module stage 3"),
     ("2 capsules made into tensors (torch._C._from_dlpack) and freed by PyTorch",
@@ -543,42 +603,55 @@ STEPS = [
 
 def parts_lines(rows, cxx_rows):
     """Where the host time of flashtrain.attention.forward goes, beside the C++ bench's: each
-    piece, then what each step adds (differences of medians, so within the pieces' spread)."""
+    piece both ways (idle: the C++ bench's method; queue: behind fills), then what each step
+    adds (differences of medians, so within the pieces' spread)."""
     if not rows:
         return []
     case = rows[0]["case"]
-    lines = ["", f"## Host us per call of the pieces of flashtrain.attention.forward ({case})", "",
-             "| piece | host us/call (median) | min |", "|---|---:|---:|"]
+    rows = list(rows)
     for r in cxx_rows:
         if r["dir"] == "fwd" and "host_us" in r:
-            lines.append(f"| C++ bench: attention::forward | {r['host_us']:.2f} | |")
+            runs = ", ".join(f"{x:.2f}" for x in r.get("host_us_runs", []))
+            rows.insert(0, dict(part=f"C++ bench: attention::forward (runs: {runs})",
+                                host_us_idle=r["host_us"], host_us_idle_min=min(
+                                    r.get("host_us_runs", [r["host_us"]]))))
+    lines = ["", f"## Host us per call of the pieces of flashtrain.attention.forward ({case})", "",
+             "| piece | idle (C++ bench's way), median | min | queue (behind fills), median | "
+             "min |", "|---|---:|---:|---:|---:|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['part']} | {' '.join(r['error'].split())[:200]} | |")
+            lines.append(f"| {r['part']} | {' '.join(r['error'].split())[:200]} | | | |")
         else:
-            lines.append(f"| {r['part']} | {r['host_us']:.2f} | {r['host_us_min']:.2f} |")
+            lines.append(f"| {r['part']} | {fmt(r, 'host_us_idle', '.2f')} | "
+                         f"{fmt(r, 'host_us_idle_min', '.2f')} | {fmt(r, 'host_us', '.2f')} | "
+                         f"{fmt(r, 'host_us_min', '.2f')} |")
 
-    def median_of(prefix):
+    def median_of(prefix, key):
         for r in rows:
-            if r["part"].startswith(prefix) and "host_us" in r:
-                return r["host_us"]
+            if r["part"].startswith(prefix) and key in r:
+                return r[key]
         return None
     steps = []
     for step, later, earlier in STEPS:
-        a = median_of(later)
-        b = 0.0 if earlier is None else median_of(earlier)
-        if a is not None and b is not None:
-            steps.append(f"| {step} | {a - b:+.2f} |")
+        cells = []
+        for key in ("host_us_idle", "host_us"):
+            a = median_of(later, key)
+            b = 0.0 if earlier is None else median_of(earlier, key)
+            cells.append("" if a is None or b is None else f"{a - b:+.2f}")
+        if any(cells):
+            steps.append(f"| {step} | {' | '.join(cells)} |")
     if steps:
         lines += ["", "What each step adds (difference of the two pieces' medians):", "",
-                  "| step | host us/call |", "|---|---:|"] + steps
+                  "| step | idle | queue |", "|---|---:|---:|"] + steps
     return lines
 
 
 def binding_lines(rows_by_case):
     """Python host time minus the C++ bench's, per case and direction, for our two entry
-    points; the verdict from the tiny case (or the smallest case run)."""
+    points, both measured the C++ bench's way (idle); the verdict from the tiny case."""
     lines = ["", "## Binding overhead: host us per call, Python minus the C++ bench", "",
+             "(both timed the C++ bench's way: back-to-back calls after a synchronize; behind "
+             "fills the library's own host time differs, see the pieces)", "",
              f"| case | dir | C++ host us | {' | '.join(FT_IMPLS)} | C++ GPU ms |",
              "|---|---|---:|---:|---:|---:|"]
     verdict = []
@@ -586,7 +659,7 @@ def binding_lines(rows_by_case):
         for direction in DIRS:
             def find(impl):
                 for r in rows:
-                    if r["impl"] == impl and r["dir"] == direction and "host_us" in r:
+                    if r["impl"] == impl and r["dir"] == direction and "host_us_idle" in r:
                         return r
                 return None
             cxx = find("c++")
@@ -595,12 +668,13 @@ def binding_lines(rows_by_case):
             cells = []
             for impl in FT_IMPLS:
                 r = find(impl)
-                cells.append("" if r is None else f"{r['host_us'] - cxx['host_us']:+.1f}")
+                over = None if r is None else r["host_us_idle"] - cxx["host_us_idle"]
+                cells.append("" if r is None else f"{over:+.1f}")
                 if r is not None and case == "tiny":
-                    verdict.append((impl, direction, r["host_us"] - cxx["host_us"]))
-            lines.append(f"| {case} | {direction} | {cxx['host_us']:.1f} | {' | '.join(cells)} | "
-                         f"{cxx['median_ms']:.4f} |")
-    if len(lines) == 5:
+                    verdict.append((impl, direction, over))
+            lines.append(f"| {case} | {direction} | {cxx['host_us_idle']:.1f} | "
+                         f"{' | '.join(cells)} | {cxx['median_ms']:.4f} |")
+    if len(lines) == 7:
         return lines + ["", "(no C++ rows: nothing to compare)"]
     lines.append("")
     for impl, direction, us in verdict:
@@ -635,6 +709,8 @@ def parse_args(argv=None):
                                                         "bench_attention_gpu"),
                     help="bench_attention_gpu; '' to leave the C++ rows out")
     ap.add_argument("--cxx-timeout", type=float, default=300.0, help="seconds per C++ run")
+    ap.add_argument("--cxx-runs", type=int, default=3,
+                    help="C++ bench runs per case (its host time: the median of theirs)")
     ap.add_argument("--no-parts", dest="parts", action="store_false",
                     help="leave out the host time of the binding's pieces (smallest case)")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu to exercise the logic")
@@ -650,7 +726,7 @@ def parse_args(argv=None):
     for direction in args.dir:
         if direction not in DIRS:
             ap.error(f"unknown --dir '{direction}' (allowed: {', '.join(DIRS)})")
-    for name in ("iters", "host_calls", "host_rounds", "max_sets"):
+    for name in ("iters", "host_calls", "host_rounds", "max_sets", "cxx_runs"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     args.layout = "bshd"  # the peer's input sets: [B, S, H, D] memory, as flashtrain reads
