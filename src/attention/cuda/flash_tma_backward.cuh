@@ -63,11 +63,17 @@ namespace tma_bwd_detail {
 
 using namespace hopper;
 
+// How KeyBlockTile groups the (batch, kv head) pairs: the pairs before `tail_first` in groups
+// of `size`, the pairs from `tail_first` on in one last group.
+struct PairGroups {
+  int size, tail_first;
+};
+
 struct TmaBackwardArgs {
   CUtensorMap q, k, v, dout, dq;
   CUtensorMap dk, dv;  // stores of 64 key rows (the epilogue)
   FlashParams p;
-  int pairs_per_group;  // KeyBlockTile's group size
+  PairGroups groups;  // KeyBlockTile's groups of pairs
 };
 
 // What a ring slot carries besides its tiles: the step's query head (< 0: no more steps), its
@@ -187,22 +193,25 @@ __device__ __forceinline__ void ds_stored_split() {
 // ---- scheduler ----
 
 // The key block, kv head and batch row this thread block computes. The (batch, kv head) pairs
-// go in groups of `pairs_per_group`; within a group key blocks are outermost (every pair's first
+// go in groups (PairGroups); within a group key blocks are outermost (every pair's first
 // key block, then every pair's second, ...). Under a causal mask the first key blocks have the
 // most query tiles, so within a group the longest blocks start first and the group's tail is
 // made of its shortest. The group size trades the L2 against spreading: a group's blocks stream
-// the same Q and dO (pairs_of_group(): as many pairs as fit half the L2), and in deterministic
+// the same Q and dO (pair_groups(): as many pairs as fit half the L2), and in deterministic
 // mode one group holds every pair, so that a key block's predecessors at a query tile (same
 // pair, earlier key blocks, smaller indices: launched before it) run waves earlier instead of
-// beside it, one step ahead.
+// beside it, one step ahead. The last group is larger (PairGroups::tail_first): a last group of
+// a few pairs would launch its longest key blocks when the others are ending.
 struct KeyBlockTile {
   int kv_block, hk, b;
-  __device__ KeyBlockTile(const FlashParams& p, int key_blocks, int pairs_per_group) {
+  __device__ KeyBlockTile(const FlashParams& p, int key_blocks, const PairGroups& groups) {
     const int pairs = p.kv_heads * p.batch;
-    const int group = static_cast<int>(blockIdx.x) / (pairs_per_group * key_blocks);
-    const int first_pair = group * pairs_per_group;
-    const int group_pairs = min(pairs_per_group, pairs - first_pair);
-    const int r = static_cast<int>(blockIdx.x) - first_pair * key_blocks;
+    const int block = static_cast<int>(blockIdx.x);
+    const bool tail = block >= groups.tail_first * key_blocks;
+    const int first_pair =
+        tail ? groups.tail_first : block / (groups.size * key_blocks) * groups.size;
+    const int group_pairs = tail ? pairs - groups.tail_first : groups.size;
+    const int r = block - first_pair * key_blocks;
     kv_block = r / group_pairs;
     const int pair = first_pair + (r - kv_block * group_pairs);
     hk = pair % p.kv_heads;
@@ -231,7 +240,7 @@ __device__ __forceinline__ void produce(const TmaBackwardArgs& a, const Backward
   constexpr TmaBackwardPlan P = kTmaBackwardPlans[PLAN];
   constexpr int D = P.head_dim, BM = P.block_m, BN = P.block_n, kPanels = D / kPanel;
   const FlashParams& p = a.p;
-  const KeyBlockTile tile(p, (p.seq_len + BN - 1) / BN, a.pairs_per_group);
+  const KeyBlockTile tile(p, (p.seq_len + BN - 1) / BN, a.groups);
   const int lane = threadIdx.x % 32, hk = tile.hk, b = tile.b, S = p.seq_len;
   const KeyBlockSteps steps(p, tile, BM, BN);
   if (lane == 0) {
@@ -414,7 +423,7 @@ __device__ __forceinline__ void write_dq(const TmaBackwardArgs& a, const Backwar
   const bool deterministic = p.dq_semaphore != nullptr;
   // Group g's first column: g * column0.
   const int column0 = P.dq_splits_columns() ? P.dq_columns() : 0;
-  const KeyBlockTile tile(p, (p.seq_len + P.block_n - 1) / P.block_n, a.pairs_per_group);
+  const KeyBlockTile tile(p, (p.seq_len + P.block_n - 1) / P.block_n, a.groups);
   tma_prefetch_map(&a.dq);
   RingPosition<P.dq_slots()> ring;
   for (;;) {
@@ -572,7 +581,7 @@ __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const Backward
   constexpr uint32_t kDsBytes = BN * BM * 2;
   const FlashParams& p = a.p;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
-  const KeyBlockTile tile(p, (p.seq_len + BN - 1) / BN, a.pairs_per_group);
+  const KeyBlockTile tile(p, (p.seq_len + BN - 1) / BN, a.groups);
   const int b = tile.b, S = p.seq_len;
   const KeyBlockSteps steps(p, tile, BM, BN);
   const int k0 = steps.k0;
@@ -766,7 +775,7 @@ __device__ __forceinline__ void consume_head_part(const TmaBackwardArgs& a,
   constexpr uint32_t kScoreBytes = BN * BM * 2;
   const FlashParams& p = a.p;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
-  const KeyBlockTile tile(p, (p.seq_len + BN - 1) / BN, a.pairs_per_group);
+  const KeyBlockTile tile(p, (p.seq_len + BN - 1) / BN, a.groups);
   const int b = tile.b, S = p.seq_len;
   const KeyBlockSteps steps(p, tile, BM, BN);
   const int k0 = steps.k0;
@@ -922,14 +931,21 @@ __global__ void __launch_bounds__(kTmaBackwardPlans[PLAN].threads(), 1)
 
 // ---- host ----
 
-// KeyBlockTile's group size: every pair in deterministic mode; otherwise as many pairs as the
+// Waves of blocks (one block per SM) that the last group of pairs holds at least (b14 in
+// docs/PERF.md: 2 measured best of 0, 1 and 2).
+constexpr int kTailWaves = 2;
+
+// KeyBlockTile's groups: every pair in one in deterministic mode; otherwise as many pairs as the
 // Q and dO they stream (each query head of a pair, the whole sequence) fit in half the L2, at
-// least one.
-inline int pairs_of_group(const FlashParams& p) {
+// least one, and a last group of at least kTailWaves waves of blocks.
+inline PairGroups pair_groups(const FlashParams& p, int key_blocks) {
   const int pairs = p.kv_heads * p.batch;
-  if (p.dq_semaphore != nullptr) return pairs;
+  if (p.dq_semaphore != nullptr) return {pairs, 0};
   const int64_t pair_bytes = int64_t{2} * p.group() * p.seq_len * p.head_dim * 2;
-  return static_cast<int>(std::clamp<int64_t>(l2_bytes() / 2 / pair_bytes, 1, pairs));
+  const int size = static_cast<int>(std::clamp<int64_t>(l2_bytes() / 2 / pair_bytes, 1, pairs));
+  const int tail_pairs = std::max(1, (kTailWaves * sm_count() + key_blocks - 1) / key_blocks);
+  const int full_groups = pairs > tail_pairs ? (pairs - tail_pairs) / size : 0;
+  return {size, full_groups * size};
 }
 
 template <int PLAN>
@@ -945,7 +961,7 @@ void launch_tma_backward(const FlashParams& p, cudaStream_t stream) {
   a.dk = head_tensor_map(p.dk, p.batch, p.seq_len, p.kv_heads, P.head_dim, p.dk_row, 64);
   a.dv = head_tensor_map(p.dv, p.batch, p.seq_len, p.kv_heads, P.head_dim, p.dv_row, 64);
   a.p = p;
-  a.pairs_per_group = pairs_of_group(p);
+  a.groups = pair_groups(p, (p.seq_len + P.block_n - 1) / P.block_n);
   auto kernel =
       p.segment_ids != nullptr ? tma_backward_kernel<PLAN, true> : tma_backward_kernel<PLAN, false>;
   FT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
