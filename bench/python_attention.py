@@ -241,34 +241,34 @@ def try_once(step, s):
             return why + (f" (warnings: {notes})" if notes else "")
 
 
-def host_us(fn, args, device, queue, host_ms_guess):
+def _timed_rounds(fn, args, device, fill=None):
     """Median and min over --host-rounds of the host time per call of --host-calls back-to-back
-    calls of fn(i), each round behind fills that keep the GPU busy past its end."""
+    calls of fn(i), each round after a synchronize and, with fill = (queue, ms), behind that
+    many milliseconds of queued GPU work."""
     samples = []
     for _ in range(args.host_rounds):
         peer.synchronize(device)
-        queue.enqueue(1.5 * host_ms_guess * args.host_calls + 1.0)
+        if fill is not None:
+            fill[0].enqueue(fill[1])
         t0 = time.perf_counter()
         for i in range(args.host_calls):
             fn(i)
         samples.append((time.perf_counter() - t0) * 1e6 / args.host_calls)
         peer.synchronize(device)
     return statistics.median(samples), min(samples)
+
+
+def host_us(fn, args, device, queue, host_ms_guess):
+    """Host us per call of fn(i) (median, min over rounds), each round behind fills that keep
+    the GPU busy past its end."""
+    return _timed_rounds(fn, args, device, (queue, 1.5 * host_ms_guess * args.host_calls + 1.0))
 
 
 def idle_host_us(fn, args, device, queue=None, host_ms_guess=None):
     """The C++ bench's method (bench_attention_gpu's host_ms_per_call): after a synchronize,
     --host-calls back-to-back calls of fn(i) on an idle GPU, their mean; median and min over
     --host-rounds rounds."""
-    samples = []
-    for _ in range(args.host_rounds):
-        peer.synchronize(device)
-        t0 = time.perf_counter()
-        for i in range(args.host_calls):
-            fn(i)
-        samples.append((time.perf_counter() - t0) * 1e6 / args.host_calls)
-        peer.synchronize(device)
-    return statistics.median(samples), min(samples)
+    return _timed_rounds(fn, args, device)
 
 
 def loop_host_us(loop, args, device, queue):
