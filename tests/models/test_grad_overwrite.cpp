@@ -42,7 +42,7 @@ Tensor random_tokens(int64_t vocab, Rng& rng) {
   return t;
 }
 
-struct Setup {
+struct StepSetup {
   int64_t accum = 1;
   Recompute recompute = Recompute::none;
   int64_t classifier_chunk = 0;  // rows
@@ -56,7 +56,8 @@ struct Trace {
   int64_t zeroed_bytes = 0;
 };
 
-Trace train(const ModelConfig& config, DType dtype, Device device, const Setup& s, bool overwrite) {
+Trace train(const ModelConfig& config, DType dtype, Device device, const StepSetup& s,
+            bool overwrite) {
   Transformer model(config, dtype, {attention::Impl::naive, 0, 0}, device);
   model.set_overwrite_first_grads(overwrite);
   model.set_recompute(s.recompute);
@@ -118,12 +119,12 @@ TEST_P(GradOverwrite, GivesTheLossesGradientsAndWeightsOfZeroingBitForBit) {
   if (!device_ready(device)) GTEST_SKIP() << "no GPU";
   const ModelConfig config = small(name);
   const DType dtype = parse_dtype(dtype_str);
-  const std::vector<Setup> setups = {
+  const std::vector<StepSetup> setups = {
       {1, Recompute::none, 0, true},  {3, Recompute::none, 0, true},
       {3, Recompute::block, 0, true}, {3, Recompute::elementwise, 0, false},
       {2, Recompute::none, 32, true}, {2, Recompute::none, 32, false},
   };
-  for (const Setup& s : setups) {
+  for (const StepSetup& s : setups) {
     const std::string what = name + " " + dtype_str + " " + device_str + " accum " +
                              std::to_string(s.accum) + " recompute " + recompute_name(s.recompute) +
                              " chunk " + std::to_string(s.classifier_chunk) +
@@ -153,9 +154,10 @@ INSTANTIATE_TEST_SUITE_P(Models, GradOverwrite,
                          ::testing::Combine(::testing::Values("gpt2-tiny", "llama3-tiny"),
                                             ::testing::Values("f32", "bf16"),
                                             ::testing::Values("cpu", "cuda")),
-                         [](const auto& info) {
-                           std::string n = std::get<0>(info.param) + "_" + std::get<1>(info.param) +
-                                           "_" + std::get<2>(info.param);
+                         [](const auto& param_info) {
+                           std::string n = std::get<0>(param_info.param) + "_" +
+                                           std::get<1>(param_info.param) + "_" +
+                                           std::get<2>(param_info.param);
                            for (char& c : n)
                              if (c == '-') c = '_';
                            return n;

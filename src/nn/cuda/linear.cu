@@ -253,7 +253,7 @@ void linear_gelu_backward(Tensor& dpre, Tensor& dw, Tensor& db, const Tensor& do
     gelu_backward(dpre, dpre, pre);
   }
   Tensor no_dinp;
-  linear_backward(no_dinp, dw, db, dout, act, w, store);
+  ft::nn::cuda::linear_backward(no_dinp, dw, db, dout, act, w, store);  // not nn:: (ADL)
 }
 
 }  // namespace ft::nn::cuda
