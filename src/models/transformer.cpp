@@ -169,7 +169,35 @@ Parameter& Transformer::layer_parameter(int64_t layer, const std::string& name) 
 }
 
 void Transformer::zero_grad() {
-  flat_grad_.zero();  // every parameter's gradient at once (and the zeros between them)
+  if (!overwrite_first_grads_) {
+    flat_grad_.zero();
+    grads_fresh_ = head_grad_fresh_ = false;
+    return;
+  }
+  // The embedding's backward adds its rows into wpe's and wte's gradients; a tied wte was
+  // written by the classifier's backward before it.
+  for (Parameter* p : {w_->wpe, w_->head ? w_->wte : nullptr}) {
+    if (p != nullptr) p->grad.zero();
+  }
+  grads_fresh_ = head_grad_fresh_ = true;
+}
+
+int64_t Transformer::zeroed_grad_bytes() const {
+  if (!overwrite_first_grads_) return flat_grad_.nbytes();
+  int64_t bytes = 0;
+  for (const Parameter* p : {w_->wpe, w_->head ? w_->wte : nullptr}) {
+    if (p != nullptr) bytes += p->grad.nbytes();
+  }
+  return bytes;
+}
+
+nn::GradStore Transformer::grad_store() const {
+  return grads_fresh_ ? nn::GradStore::overwrite : nn::GradStore::accumulate;
+}
+
+nn::GradStore Transformer::take_head_grad_store() {
+  return std::exchange(head_grad_fresh_, false) ? nn::GradStore::overwrite
+                                                : nn::GradStore::accumulate;
 }
 
 Tensor Transformer::act(const Shape& shape) const {
@@ -277,17 +305,17 @@ Transformer::NormOutput Transformer::add_norm_forward(Tensor& x_out, const Tenso
 }
 
 void Transformer::norm_backward(Tensor& dx, const Tensor& dout, const Tensor& x, NormWeights n,
-                                const NormOutput& saved, bool accumulate) {
+                                const NormOutput& saved, bool accumulate, nn::GradStore store) {
   const bool ln = config_.norm() == NormKind::layernorm;
   const Tensor& w = n.w->compute;
   if (ln && accumulate) {
-    nn::layernorm_backward_add(dx, n.w->grad, n.b->grad, dout, x, w, saved.mean, saved.rstd);
+    nn::layernorm_backward_add(dx, n.w->grad, n.b->grad, dout, x, w, saved.mean, saved.rstd, store);
   } else if (ln) {
-    nn::layernorm_backward(dx, n.w->grad, n.b->grad, dout, x, w, saved.mean, saved.rstd);
+    nn::layernorm_backward(dx, n.w->grad, n.b->grad, dout, x, w, saved.mean, saved.rstd, store);
   } else if (accumulate) {
-    nn::rmsnorm_backward_add(dx, n.w->grad, dout, x, w, saved.rstd);
+    nn::rmsnorm_backward_add(dx, n.w->grad, dout, x, w, saved.rstd, store);
   } else {
-    nn::rmsnorm_backward(dx, n.w->grad, dout, x, w, saved.rstd);
+    nn::rmsnorm_backward(dx, n.w->grad, dout, x, w, saved.rstd, store);
   }
 }
 
@@ -567,7 +595,7 @@ void Transformer::classifier_rows(int64_t r0, int64_t r1, Tensor& logits, bool h
   Tensor dh = dnorm_.view({N, C}).slice(r0, r1);
   Tensor no_bias;
   region.enter(OpFamily::gemm_classifier, 2 * gemm_flops(r1 - r0, head));
-  nn::linear_backward(dh, head->grad, no_bias, logits, h, head->compute);
+  nn::linear_backward(dh, head->grad, no_bias, logits, h, head->compute, take_head_grad_store());
 }
 
 void Transformer::classify(std::optional<double> dloss) {
@@ -638,6 +666,7 @@ void Transformer::layer_backward(int64_t l, Tensor& dresidual) {
   const int64_t B = B_, T = T_, C = config_.n_embd, D = config_.head_dim();
   const int64_t Hq = config_.n_head, Hkv = config_.n_kv_head, F = config_.ffn_hidden;
   auto bias_grad = [](Parameter* p) { return p ? p->grad : Tensor(); };
+  const nn::GradStore store = grad_store();
   const Tensor& x_in = residual_[static_cast<size_t>(l)];
   recompute_dropped(l);
 
@@ -652,32 +681,34 @@ void Transformer::layer_backward(int64_t l, Tensor& dresidual) {
     // Through the GELU in the same call (on the GPU in the down projection's GEMM epilogue: a
     // GELU model's profile has no activation row).
     nn::linear_gelu_backward(dfc, W.out_w->grad, db_out, dresidual, c.mlp_act, W.out_w->compute,
-                             c.fc);
+                             c.fc, store);
     region.enter(OpFamily::gemm_mlp_up, 2 * gemm_flops(B * T, W.fc_w));
-    nn::linear_backward(dh2, W.fc_w->grad, db_fc, dfc, c.norm2.out, W.fc_w->compute);
+    nn::linear_backward(dh2, W.fc_w->grad, db_fc, dfc, c.norm2.out, W.fc_w->compute, store);
   } else {
     Tensor dact = act({B, T, F});
-    nn::linear_backward(dact, W.out_w->grad, db_out, dresidual, c.mlp_act, W.out_w->compute);
+    nn::linear_backward(dact, W.out_w->grad, db_out, dresidual, c.mlp_act, W.out_w->compute, store);
     Tensor dgate = act({B, T, F});
     region.enter(OpFamily::activation, traffic(dact, 5));
     nn::swiglu_backward(dgate, dfc, dact, c.gate, c.fc);
     Tensor dh2_gate = act({B, T, C});
     region.enter(OpFamily::gemm_mlp_up,
                  2 * (gemm_flops(B * T, W.gate_w) + gemm_flops(B * T, W.fc_w)));
-    nn::linear_backward(dh2_gate, W.gate_w->grad, no_bias, dgate, c.norm2.out, W.gate_w->compute);
-    nn::linear_backward(dh2, W.fc_w->grad, db_fc, dfc, c.norm2.out, W.fc_w->compute);
+    nn::linear_backward(dh2_gate, W.gate_w->grad, no_bias, dgate, c.norm2.out, W.gate_w->compute,
+                        store);
+    nn::linear_backward(dh2, W.fc_w->grad, db_fc, dfc, c.norm2.out, W.fc_w->compute, store);
     // The two projections' input gradients summed (what a GEMM accumulating into dh2 would do).
     nn::add(dh2, dh2, dh2_gate);
   }
   region.enter(OpFamily::norm, traffic(dh2, 4));  // dh2, x_mid read; dresidual read and written
-  norm_backward(dresidual, dh2, c.x_mid, {W.norm2_w, W.norm2_b}, c.norm2, true);  // now d x_mid
+  norm_backward(dresidual, dh2, c.x_mid, {W.norm2_w, W.norm2_b}, c.norm2, true,
+                store);  // now d x_mid
 
   // Attention branch.
   Tensor datt = act({B, T, Hq * D});
   Tensor db_proj = bias_grad(W.proj_b);
   region.enter(OpFamily::gemm_attn_out, 2 * gemm_flops(B * T, W.proj_w));
   nn::linear_backward(datt, W.proj_w->grad, db_proj, dresidual, c.att.o.view({B, T, Hq * D}),
-                      W.proj_w->compute);
+                      W.proj_w->compute, store);
   const attention::Problem problem = attention_problem(l);
   region.enter(OpFamily::attention_backward);
   count_attention_flops(OpFamily::attention_backward, problem, 2.5);
@@ -708,9 +739,10 @@ void Transformer::layer_backward(int64_t l, Tensor& dresidual) {
   Tensor dh1 = act({B, T, C});
   Tensor db_qkv = bias_grad(W.qkv_b);
   region.enter(OpFamily::gemm_qkv, 2 * gemm_flops(B * T, W.qkv_w));
-  nn::linear_backward(dh1, W.qkv_w->grad, db_qkv, dqkv, c.norm1.out, W.qkv_w->compute);
+  nn::linear_backward(dh1, W.qkv_w->grad, db_qkv, dqkv, c.norm1.out, W.qkv_w->compute, store);
   region.enter(OpFamily::norm, traffic(dh1, 4));
-  norm_backward(dresidual, dh1, x_in, {W.norm1_w, W.norm1_b}, c.norm1, true);  // now d x_in
+  norm_backward(dresidual, dh1, x_in, {W.norm1_w, W.norm1_b}, c.norm1, true,
+                store);  // now d x_in
   region.leave();
   c = LayerCache();  // free this layer's activations as soon as they are used
 }
@@ -738,7 +770,8 @@ void Transformer::backward(double loss_scale, const GradientReady& ready) {
   // One residual gradient buffer for the whole stack: each layer adds its branches into it.
   Tensor dresidual = act({B_, T_, C});
   region.enter(OpFamily::norm, traffic(dnorm, 3));
-  norm_backward(dresidual, dnorm, residual_.back(), norm_weights_reading(L), final_norm_, false);
+  norm_backward(dresidual, dnorm, residual_.back(), norm_weights_reading(L), final_norm_, false,
+                grad_store());
   dnorm = Tensor();
   region.leave();
   report_ready(ready, {w_->normf_w, w_->normf_b});
@@ -757,6 +790,7 @@ void Transformer::backward(double loss_scale, const GradientReady& ready) {
   nn::embedding_backward(w_->wte->grad, dwpe, dresidual, tokens_);
   region.leave();
   report_ready(ready, {w_->wte, w_->wpe});
+  grads_fresh_ = false;   // the next micro-batch of this step adds to what this one wrote
   have_targets_ = false;  // the logits buffer now holds gradients
 }
 

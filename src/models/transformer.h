@@ -202,7 +202,18 @@ class Transformer {
   // Backpropagates the last forward(); d(loss) = loss_scale, parameter grads accumulate.
   // ready (optional) hears of each parameter whose gradient this backward has completed.
   void backward(double loss_scale = 1.0, const GradientReady& ready = {});
+  // Starts a new sum of gradients: the next micro-batch WRITES every gradient a GEMM or a norm
+  // forms (nn::GradStore::overwrite; the classifier's first chunk the head's) and the later ones
+  // add to them, the same bits as adding them all to zeros. Only the gradients the embedding's
+  // scatter adds into without a writer before it are zeroed here: wpe, and wte unless it is the
+  // tied head. Until the next backward the other gradients hold the last step's values.
   void zero_grad();
+  // Bytes zero_grad() sets to zero (the elements between parameters are zeroed once, at
+  // construction: nothing writes them).
+  int64_t zeroed_grad_bytes() const;
+  // false: the slow twin (tests compare against it): zero_grad() zeroes every gradient and
+  // every micro-batch adds to them. true by default.
+  void set_overwrite_first_grads(bool on) { overwrite_first_grads_ = on; }
 
   // Marks forward's and backward's ops as regions of `profile` (not owned; nullptr, the
   // default: none).
@@ -281,6 +292,10 @@ class Transformer {
   const attention::KernelConfig* flash_config(const attention::Problem& problem,
                                               attention::KernelConfig& storage) const;
   Tensor act(const Shape& shape) const;  // a compute-dtype activation buffer
+  // How this micro-batch stores the gradients of the layers and norms (grads_fresh_), and of
+  // the head's next classifier chunk (head_grad_fresh_, which it then clears).
+  nn::GradStore grad_store() const;
+  nn::GradStore take_head_grad_store();
   // The norm that reads residual_[l]: layer l's norm1, or the final norm for l = n_layer.
   NormWeights norm_weights_reading(int64_t l) const;
   NormOutput& norm_reading(int64_t l);
@@ -289,7 +304,7 @@ class Transformer {
   NormOutput add_norm_forward(Tensor& x_out, const Tensor& a, const Tensor& b, NormWeights n);
   // dx = (accumulate: +=) the norm's input gradient for dout.
   void norm_backward(Tensor& dx, const Tensor& dout, const Tensor& x, NormWeights n,
-                     const NormOutput& saved, bool accumulate);
+                     const NormOutput& saved, bool accumulate, nn::GradStore store);
   Parameter* find(const std::string& name);
   // While a step is profiled: the attention FLOPs of `problem` (4 x attended pairs x D, times
   // `factor`: 2.5 for backward), counted after the step.
@@ -321,6 +336,11 @@ class Transformer {
   // Set by forward_train(): the loss scale the classifier's gradients were formed for.
   std::optional<double> head_loss_scale_;
   bool have_targets_ = false;
+  // Set by zero_grad() (and at construction, the gradients being zero): the next backward
+  // writes the gradients of layers and norms, the next classifier chunk with a gradient the
+  // head's. Cleared once written.
+  bool grads_fresh_ = true, head_grad_fresh_ = true;
+  bool overwrite_first_grads_ = true;
 };
 
 }  // namespace ft::models

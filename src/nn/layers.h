@@ -4,7 +4,9 @@
 // - Activations and weights are in the compute dtype: fp32, bf16 or fp64 (fp64 for gradient
 //   checks). Arithmetic accumulates in acc_t<T> (fp32 for fp32 and bf16, fp64 for fp64).
 // - Parameter gradients (dw, db, ...) are in the accumulation dtype (fp32, or fp64 when the
-//   compute dtype is fp64) and are ACCUMULATED (+=), so micro-batches add up.
+//   compute dtype is fp64) and are ACCUMULATED (+=), so micro-batches add up; the calls that
+//   take a GradStore may instead OVERWRITE them (a step's first micro-batch, whose gradients
+//   then need no zeroing beforehand), with the bits accumulating into zeros gives.
 // - Input gradients (dx, dinp, ...) are WRITTEN (=). An undefined input-gradient tensor means
 //   "not needed" and is skipped.
 // - Shapes are checked; a mismatch throws ft::Error naming both shapes.
@@ -19,6 +21,11 @@
 
 namespace ft::nn {
 
+// How a backward call stores a parameter gradient: added to what the tensor holds, or written
+// over it. Every sum behind a parameter gradient starts from +0 and adds, so it is never -0;
+// overwrite therefore gives the bits that accumulate gives into a zeroed gradient (0 + s == s).
+enum class GradStore { accumulate, overwrite };
+
 // Token + optional learned position embedding.
 // tokens int32 [B, T]; wte [V, C]; wpe [maxT, C] or undefined; out [B, T, C].
 void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe);
@@ -28,9 +35,10 @@ void embedding_backward(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Te
 // out [N, OC] = inp [N, IC] @ w [OC, IC]^T + b [OC] (b may be undefined). Leading dims of inp
 // and out are flattened into N.
 void linear_forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tensor& b);
-// dinp = dout @ w; dw += dout^T @ inp; db += sum over rows of dout (db may be undefined).
+// dinp = dout @ w; dw += dout^T @ inp; db += sum over rows of dout (db may be undefined);
+// dw, db written instead with GradStore::overwrite.
 void linear_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp,
-                     const Tensor& w);
+                     const Tensor& w, GradStore store = GradStore::accumulate);
 
 // Linear layer with GELU (tanh) in its epilogue: pre = inp @ w^T + b (kept for backward),
 // out = gelu(pre), out shaped like pre. CPU: linear_forward then gelu_forward (bit-identical).
@@ -45,19 +53,22 @@ void linear_gelu_forward(Tensor& pre, Tensor& out, const Tensor& inp, const Tens
 // CUDA: the GELU backward rides in the input-gradient GEMM's epilogue where cuBLASLt has it
 // (dpre rounded once instead of twice in bf16).
 void linear_gelu_backward(Tensor& dpre, Tensor& dw, Tensor& db, const Tensor& dout,
-                          const Tensor& act, const Tensor& w, const Tensor& pre);
+                          const Tensor& act, const Tensor& w, const Tensor& pre,
+                          GradStore store = GradStore::accumulate);
 
 // LayerNorm over the last dimension C. mean, rstd: [N] in the accumulation dtype (saved for
 // backward).
 void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& w,
                        const Tensor& b, double eps);
+// dw, db: accumulated, or written with GradStore::overwrite (likewise in every norm backward).
 void layernorm_backward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& x,
-                        const Tensor& w, const Tensor& mean, const Tensor& rstd);
+                        const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                        GradStore store = GradStore::accumulate);
 
 // RMSNorm over the last dimension: out = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps).
 void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& w, double eps);
 void rmsnorm_backward(Tensor& dx, Tensor& dw, const Tensor& dout, const Tensor& x, const Tensor& w,
-                      const Tensor& rstd);
+                      const Tensor& rstd, GradStore store = GradStore::accumulate);
 
 // Residual add fused with the norm that reads its result (the transformer's
 // `x = a + b; h = norm(x)`): x_out = a + b in the compute dtype, h = norm(x_out), statistics
@@ -70,13 +81,14 @@ void add_rmsnorm_forward(Tensor& x_out, Tensor& h, Tensor& rstd, const Tensor& a
                          const Tensor& w, double eps);
 // Norm backward that ACCUMULATES its input gradient into the residual gradient:
 // dresidual += dx (dx rounded to the compute dtype first, exactly as *norm_backward() then
-// add() would form it: bit-identical on the CPU). dw/db accumulate as usual. dresidual must be
+// add() would form it: bit-identical on the CPU). dw/db as in *norm_backward(). dresidual must be
 // defined and must not alias dout or x.
 void layernorm_backward_add(Tensor& dresidual, Tensor& dw, Tensor& db, const Tensor& dout,
                             const Tensor& x, const Tensor& w, const Tensor& mean,
-                            const Tensor& rstd);
+                            const Tensor& rstd, GradStore store = GradStore::accumulate);
 void rmsnorm_backward_add(Tensor& dresidual, Tensor& dw, const Tensor& dout, const Tensor& x,
-                          const Tensor& w, const Tensor& rstd);
+                          const Tensor& w, const Tensor& rstd,
+                          GradStore store = GradStore::accumulate);
 
 // GELU, tanh approximation (GPT-2's).
 void gelu_forward(Tensor& out, const Tensor& x);

@@ -71,10 +71,11 @@ void forward_kernel(T* out, const T* inp, const T* w, const T* b, const LinearSh
   cpu::gemm(false, true, N, OC, IC, acc_t<T>(1), inp, IC, w, IC, beta, out, OC);
 }
 
-// Column sums of dout [N, OC] added to db. Each thread owns blocks of columns and walks the
-// rows in order, so every sum is deterministic and the rows are read contiguously.
+// Column sums of dout [N, OC] added to db (written over it with overwrite). Each thread owns blocks
+// of columns and walks the rows in order, so every sum is deterministic and the rows are read
+// contiguously.
 template <class T>
-void bias_grad_kernel(acc_t<T>* db, const T* dout, int64_t N, int64_t OC) {
+void bias_grad_kernel(acc_t<T>* db, const T* dout, int64_t N, int64_t OC, bool overwrite) {
   constexpr int64_t kBlock = 64;
   const int64_t n_blocks = (OC + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static) if (N * OC >= detail::kParallelMinWork)
@@ -85,7 +86,8 @@ void bias_grad_kernel(acc_t<T>* db, const T* dout, int64_t N, int64_t OC) {
       const T* row = dout + r * OC;
       for (int64_t o = begin; o < end; ++o) sum[o - begin] += load(row[o]);
     }
-    for (int64_t o = begin; o < end; ++o) db[o] += sum[o - begin];
+    for (int64_t o = begin; o < end; ++o)
+      db[o] = overwrite ? sum[o - begin] : db[o] + sum[o - begin];
   }
 }
 
@@ -151,11 +153,12 @@ void linear_gelu_forward(Tensor& pre, Tensor& out, const Tensor& inp, const Tens
 }
 
 void linear_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp,
-                     const Tensor& w) {
+                     const Tensor& w, GradStore store) {
   const LinearShape s = check_backward(dinp, dw, db, dout, inp, w, kBwd);
 #ifdef FLASHTRAIN_WITH_CUDA
-  if (inp.device() == Device::cuda) return cuda::linear_backward(dinp, dw, db, dout, inp, w);
+  if (inp.device() == Device::cuda) return cuda::linear_backward(dinp, dw, db, dout, inp, w, store);
 #endif
+  const bool overwrite = store == GradStore::overwrite;
   const int64_t N = s.rows, IC = s.in_features, OC = s.out_features;
   dispatch_float(inp.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -165,15 +168,16 @@ void linear_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, c
       cpu::gemm(false, false, N, IC, OC, A(1), d, OC, w.data<T>(), IC, A(0), dinp.data<T>(), IC);
     }
     if (dw.defined()) {
-      // A = acc_t<T> output picks the bf16 -> fp32 overload for bf16.
-      cpu::gemm(true, false, OC, IC, N, A(1), d, OC, inp.data<T>(), IC, A(1), dw.data<A>(), IC);
+      // A = acc_t<T> output picks the bf16 -> fp32 overload for bf16. beta = 0 never reads dw.
+      cpu::gemm(true, false, OC, IC, N, A(1), d, OC, inp.data<T>(), IC, A(overwrite ? 0 : 1),
+                dw.data<A>(), IC);
     }
-    if (db.defined()) bias_grad_kernel(db.data<A>(), d, N, OC);
+    if (db.defined()) bias_grad_kernel(db.data<A>(), d, N, OC, overwrite);
   });
 }
 
 void linear_gelu_backward(Tensor& dpre, Tensor& dw, Tensor& db, const Tensor& dout,
-                          const Tensor& act, const Tensor& w, const Tensor& pre) {
+                          const Tensor& act, const Tensor& w, const Tensor& pre, GradStore store) {
   constexpr const char* fn = "linear_gelu_backward";
   FT_CHECK(dpre.defined(), fn, ": dpre is undefined (it is the point of the call)");
   check_backward(dpre, dw, db, dout, act, w, fn);
@@ -182,9 +186,9 @@ void linear_gelu_backward(Tensor& dpre, Tensor& dw, Tensor& db, const Tensor& do
            ": dpre must not alias pre, act or dout");
 #ifdef FLASHTRAIN_WITH_CUDA
   if (act.device() == Device::cuda)
-    return cuda::linear_gelu_backward(dpre, dw, db, dout, act, w, pre);
+    return cuda::linear_gelu_backward(dpre, dw, db, dout, act, w, pre, store);
 #endif
-  linear_backward(dpre, dw, db, dout, act, w);  // dpre holds d act here
+  linear_backward(dpre, dw, db, dout, act, w, store);  // dpre holds d act here
   gelu_backward(dpre, dpre, pre);
 }
 

@@ -157,10 +157,12 @@ void norm_dx_kernel(T* dx, const T* dout, const T* x, const T* w, const acc_t<T>
   }
 }
 
-// dw += sum over rows of dout * norm; db += sum over rows of dout (either may be null).
+// dw += sum over rows of dout * norm; db += sum over rows of dout (either may be null); = with
+// overwrite.
 template <class T>
 void norm_param_grad_kernel(acc_t<T>* dw, acc_t<T>* db, const T* dout, const T* x,
-                            const acc_t<T>* mean, const acc_t<T>* rstd, NormShape s) {
+                            const acc_t<T>* mean, const acc_t<T>* rstd, NormShape s,
+                            bool overwrite) {
   using A = acc_t<T>;
   constexpr int64_t kBlock = 64;
   const int64_t C = s.cols, n_blocks = (C + kBlock - 1) / kBlock;
@@ -177,8 +179,8 @@ void norm_param_grad_kernel(acc_t<T>* dw, acc_t<T>* db, const T* dout, const T* 
       }
     }
     for (int64_t c = begin; c < end; ++c) {
-      if (dw) dw[c] += dw_sum[c - begin];
-      if (db) db[c] += db_sum[c - begin];
+      if (dw) dw[c] = overwrite ? dw_sum[c - begin] : dw[c] + dw_sum[c - begin];
+      if (db) db[c] = overwrite ? db_sum[c - begin] : db[c] + db_sum[c - begin];
     }
   }
 }
@@ -223,7 +225,7 @@ void norm_forward(Tensor& out, Tensor& mean, Tensor& rstd, Tensor& x, const Tens
 // residual gradient and receives += (the fused variants).
 void norm_backward(Tensor& dx, Tensor& dw, Tensor* db, const Tensor& dout, const Tensor& x,
                    const Tensor& w, const Tensor* mean, const Tensor& rstd, bool accumulate,
-                   const char* fn) {
+                   GradStore store, const char* fn) {
   const NormShape s = check_norm_args(x, w, Tensor(), fn);
   detail::check_like(dout, x, fn, "dout", "x");
   if (accumulate) {
@@ -243,10 +245,10 @@ void norm_backward(Tensor& dx, Tensor& dw, Tensor* db, const Tensor& dout, const
     Tensor no_db;
     if (accumulate) {
       return cuda::norm_backward_add(dx, dw, db ? *db : no_db, dout, x, w, mean ? *mean : Tensor(),
-                                     rstd);
+                                     rstd, store);
     }
-    if (mean) return cuda::layernorm_backward(dx, dw, *db, dout, x, w, *mean, rstd);
-    return cuda::rmsnorm_backward(dx, dw, dout, x, w, rstd);
+    if (mean) return cuda::layernorm_backward(dx, dw, *db, dout, x, w, *mean, rstd, store);
+    return cuda::rmsnorm_backward(dx, dw, dout, x, w, rstd, store);
   }
 #endif
   dispatch_float(x.dtype(), [&](auto tag) {
@@ -259,7 +261,10 @@ void norm_backward(Tensor& dx, Tensor& dw, Tensor* db, const Tensor& dout, const
     }
     A* dw_p = dw.defined() ? dw.data<A>() : nullptr;
     A* db_p = db && db->defined() ? db->data<A>() : nullptr;
-    if (dw_p || db_p) norm_param_grad_kernel(dw_p, db_p, dout.data<T>(), x.data<T>(), mu, rs, s);
+    if (dw_p || db_p) {
+      norm_param_grad_kernel(dw_p, db_p, dout.data<T>(), x.data<T>(), mu, rs, s,
+                             store == GradStore::overwrite);
+    }
   });
 }
 
@@ -273,8 +278,8 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x,
 }
 
 void layernorm_backward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& x,
-                        const Tensor& w, const Tensor& mean, const Tensor& rstd) {
-  norm_backward(dx, dw, &db, dout, x, w, &mean, rstd, false, "layernorm_backward");
+                        const Tensor& w, const Tensor& mean, const Tensor& rstd, GradStore store) {
+  norm_backward(dx, dw, &db, dout, x, w, &mean, rstd, false, store, "layernorm_backward");
 }
 
 void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& w, double eps) {
@@ -283,8 +288,8 @@ void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& w
 }
 
 void rmsnorm_backward(Tensor& dx, Tensor& dw, const Tensor& dout, const Tensor& x, const Tensor& w,
-                      const Tensor& rstd) {
-  norm_backward(dx, dw, nullptr, dout, x, w, nullptr, rstd, false, "rmsnorm_backward");
+                      const Tensor& rstd, GradStore store) {
+  norm_backward(dx, dw, nullptr, dout, x, w, nullptr, rstd, false, store, "rmsnorm_backward");
 }
 
 void add_layernorm_forward(Tensor& x_out, Tensor& h, Tensor& mean, Tensor& rstd, const Tensor& a,
@@ -301,13 +306,14 @@ void add_rmsnorm_forward(Tensor& x_out, Tensor& h, Tensor& rstd, const Tensor& a
 
 void layernorm_backward_add(Tensor& dresidual, Tensor& dw, Tensor& db, const Tensor& dout,
                             const Tensor& x, const Tensor& w, const Tensor& mean,
-                            const Tensor& rstd) {
-  norm_backward(dresidual, dw, &db, dout, x, w, &mean, rstd, true, "layernorm_backward_add");
+                            const Tensor& rstd, GradStore store) {
+  norm_backward(dresidual, dw, &db, dout, x, w, &mean, rstd, true, store, "layernorm_backward_add");
 }
 
 void rmsnorm_backward_add(Tensor& dresidual, Tensor& dw, const Tensor& dout, const Tensor& x,
-                          const Tensor& w, const Tensor& rstd) {
-  norm_backward(dresidual, dw, nullptr, dout, x, w, nullptr, rstd, true, "rmsnorm_backward_add");
+                          const Tensor& w, const Tensor& rstd, GradStore store) {
+  norm_backward(dresidual, dw, nullptr, dout, x, w, nullptr, rstd, true, store,
+                "rmsnorm_backward_add");
 }
 
 }  // namespace ft::nn

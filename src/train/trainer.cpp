@@ -623,7 +623,7 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
       const auto t0 = Clock::now();
       const double lr = schedule.lr(step);
       models::ProfileRegion region(profile.get(), models::OpFamily::zero_grad,
-                                   static_cast<double>(model.flat_grads().nbytes()));
+                                   static_cast<double>(model.zeroed_grad_bytes()));
       // Each micro-batch's losses stay on the device until the step's end: one wait per step.
       std::vector<Tensor> pending(static_cast<size_t>(rank_accum));
       OptimizerStep update;

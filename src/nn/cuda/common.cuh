@@ -183,7 +183,7 @@ constexpr int kPartLanes = 16;
 
 template <class Acc>
 __device__ __forceinline__ void add_partials_of_block(Acc* out, const Acc* partial, int64_t parts,
-                                                      int64_t cols) {
+                                                      int64_t cols, bool overwrite) {
   __shared__ Acc lanes[kPartLanes][33];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   Acc sum = 0;
@@ -196,7 +196,8 @@ __device__ __forceinline__ void add_partials_of_block(Acc* out, const Acc* parti
   if (threadIdx.y == 0 && c < cols) {
     Acc total = 0;
     for (int y = 0; y < kPartLanes; ++y) total += lanes[y][threadIdx.x];
-    out[c] += total;
+    // total starts from +0, so it is never -0: written, it has the bits 0 + total would have.
+    out[c] = overwrite ? total : out[c] + total;
   }
 }
 
@@ -204,18 +205,20 @@ __device__ __forceinline__ void add_partials_of_block(Acc* out, const Acc* parti
 // bias gradients.
 template <class Acc>
 __global__ void add_column_partials_kernel(Acc* out0, const Acc* partial0, Acc* out1,
-                                           const Acc* partial1, int64_t parts, int64_t cols) {
+                                           const Acc* partial1, int64_t parts, int64_t cols,
+                                           bool overwrite) {
   if (blockIdx.y == 0) {
-    add_partials_of_block(out0, partial0, parts, cols);
+    add_partials_of_block(out0, partial0, parts, cols, overwrite);
   } else {
-    add_partials_of_block(out1, partial1, parts, cols);
+    add_partials_of_block(out1, partial1, parts, cols, overwrite);
   }
 }
 
 // out (may be null: nothing to do) += the column sums of partial [parts, cols], in a fixed
-// order; with out1 (may be null), also out1 += those of partial1, in the same launch.
+// order (= with overwrite); with out1 (may be null), also out1 += those of partial1, in the same
+// launch.
 template <class Acc>
-void add_column_partials(Acc* out, const Acc* partial, int64_t parts, int64_t cols,
+void add_column_partials(Acc* out, const Acc* partial, int64_t parts, int64_t cols, bool overwrite,
                          Acc* out1 = nullptr, const Acc* partial1 = nullptr) {
   if (out == nullptr) {
     out = out1;
@@ -224,8 +227,8 @@ void add_column_partials(Acc* out, const Acc* partial, int64_t parts, int64_t co
   }
   if (out == nullptr || cols == 0) return;
   const dim3 grid(static_cast<unsigned>(ceil_div(cols, 32)), out1 != nullptr ? 2 : 1);
-  add_column_partials_kernel<Acc>
-      <<<grid, dim3(32, kPartLanes), 0, stream()>>>(out, partial, out1, partial1, parts, cols);
+  add_column_partials_kernel<Acc><<<grid, dim3(32, kPartLanes), 0, stream()>>>(
+      out, partial, out1, partial1, parts, cols, overwrite);
   FT_CUDA_CHECK_LAUNCH();
 }
 

@@ -3,8 +3,9 @@
 // target ranges) first, so these functions assume valid arguments. They queue work on
 // ft::cuda::current_stream() and return without synchronising unless a result must reach the
 // host (global_grad_norm). Compute dtypes are fp32 and bf16; fp64 is rejected with a clear
-// error. Same conventions as layers.h: parameter gradients are fp32 and accumulated (+=), input
-// gradients are written (=), an undefined tensor is skipped.
+// error. Same conventions as layers.h: parameter gradients are fp32 and accumulated (+=) or
+// written (GradStore::overwrite), input gradients are written (=), an undefined tensor is
+// skipped.
 #pragma once
 
 #include <cstdint>
@@ -26,17 +27,18 @@ void embedding_backward(Tensor& dwte, Tensor& dwpe, const Tensor& dout, const Te
 void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& w,
                        const Tensor& b, double eps);
 void layernorm_backward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& x,
-                        const Tensor& w, const Tensor& mean, const Tensor& rstd);
+                        const Tensor& w, const Tensor& mean, const Tensor& rstd, GradStore store);
 void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& w, double eps);
 void rmsnorm_backward(Tensor& dx, Tensor& dw, const Tensor& dout, const Tensor& x, const Tensor& w,
-                      const Tensor& rstd);
+                      const Tensor& rstd, GradStore store);
 // x_out = a + b, out = norm(x_out) in one kernel; mean undefined: RMSNorm (bias undefined too).
 void add_norm_forward(Tensor& x_out, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a,
                       const Tensor& b, const Tensor& w, const Tensor& bias, double eps);
 // dresidual += dx of the norm (dx rounded to the compute dtype first); mean undefined: RMSNorm;
 // db may be undefined.
 void norm_backward_add(Tensor& dresidual, Tensor& dw, Tensor& db, const Tensor& dout,
-                       const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd);
+                       const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                       GradStore store);
 
 void gelu_forward(Tensor& out, const Tensor& x);
 void gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x);
@@ -98,14 +100,14 @@ void linear_forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tenso
 // is defined and OC % 8 == 0, else linear_forward + gelu_forward.
 void linear_gelu_forward(Tensor& pre, Tensor& out, const Tensor& inp, const Tensor& w,
                          const Tensor& b);
-// dinp = dout @ w; dw += dout^T @ inp (fp32, beta = 1); db += column sums of dout
-// (deterministic). Undefined dinp, dw or db are skipped.
+// dinp = dout @ w; dw += dout^T @ inp (fp32, beta = 1; overwrite: beta = 0); db += column sums
+// of dout (deterministic; overwrite: =). Undefined dinp, dw or db are skipped.
 void linear_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp,
-                     const Tensor& w);
+                     const Tensor& w, GradStore store);
 // nn::linear_gelu_backward: dpre = (dout @ w) * gelu'(pre) in the input-gradient GEMM's DGELU
 // epilogue when cuBLASLt has one (IC % 8 == 0), else the GEMM and gelu_backward in place; then
 // dw, db as linear_backward.
 void linear_gelu_backward(Tensor& dpre, Tensor& dw, Tensor& db, const Tensor& dout,
-                          const Tensor& act, const Tensor& w, const Tensor& pre);
+                          const Tensor& act, const Tensor& w, const Tensor& pre, GradStore store);
 
 }  // namespace ft::nn::cuda

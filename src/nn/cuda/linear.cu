@@ -107,7 +107,7 @@ __global__ void column_partial_sums_packed_kernel(float* partial, const T* dout,
 }
 
 template <class T>
-void bias_grad(float* db, const T* dout, int64_t rows, int64_t cols) {
+void bias_grad(float* db, const T* dout, int64_t rows, int64_t cols, bool overwrite) {
   if (rows == 0 || cols == 0) return;
   const int64_t chunk_rows = std::max(kMinChunkRows, ceil_div(rows, kMaxChunks));
   const int64_t chunks = ceil_div(rows, chunk_rows);
@@ -126,7 +126,7 @@ void bias_grad(float* db, const T* dout, int64_t rows, int64_t cols) {
                                                              cols, chunk_rows);
   }
   FT_CUDA_CHECK_LAUNCH();
-  add_column_partials(db, partial.data<float>(), chunks, cols);
+  add_column_partials(db, partial.data<float>(), chunks, cols, overwrite);
 }
 
 // A row-major product with K >= 1 leading dimensions (cuBLASLt rejects ld 0 even when the
@@ -187,7 +187,8 @@ void linear_gelu_forward(Tensor& pre, Tensor& out, const Tensor& inp, const Tens
 }
 
 void linear_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp,
-                     const Tensor& w) {
+                     const Tensor& w, GradStore store) {
+  const bool overwrite = store == GradStore::overwrite;
   const int64_t IC = w.dim(1), OC = w.dim(0), N = detail::rows_of(inp);
   dispatch_cuda_float(inp.dtype(), "linear_backward", [&](auto tag) {
     using T = decltype(tag);
@@ -205,7 +206,9 @@ void linear_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, c
       g.ab_dtype = g.c_dtype = inp.dtype();
       ft::cuda::gemm(g);
     }
-    if (dw.defined()) {  // dw[OC, IC] += dout[N, OC]^T @ inp[N, IC], fp32 C
+    // dw[OC, IC] += dout[N, OC]^T @ inp[N, IC], fp32 C; overwrite: beta = 0, C never read
+    // (the same algorithm: cuBLASLt's heuristic does not see beta).
+    if (dw.defined()) {
       ft::cuda::GemmArgs g;
       g.trans_a = true;
       g.M = OC;
@@ -219,15 +222,15 @@ void linear_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, c
       g.ldc = ld(IC);
       g.ab_dtype = inp.dtype();
       g.c_dtype = DType::f32;
-      g.beta = 1.0f;
+      g.beta = overwrite ? 0.0f : 1.0f;
       ft::cuda::gemm(g);
     }
-    if (db.defined()) bias_grad(db.data<float>(), ptr<T>(dout), N, OC);
+    if (db.defined()) bias_grad(db.data<float>(), ptr<T>(dout), N, OC, overwrite);
   });
 }
 
 void linear_gelu_backward(Tensor& dpre, Tensor& dw, Tensor& db, const Tensor& dout,
-                          const Tensor& act, const Tensor& w, const Tensor& pre) {
+                          const Tensor& act, const Tensor& w, const Tensor& pre, GradStore store) {
   const int64_t IC = w.dim(1), OC = w.dim(0), N = detail::rows_of(act);
   ft::cuda::GemmArgs g;  // dpre[N, IC] = (dout[N, OC] @ w[OC, IC]) * gelu'(pre)
   g.M = N;
@@ -250,7 +253,7 @@ void linear_gelu_backward(Tensor& dpre, Tensor& dw, Tensor& db, const Tensor& do
     gelu_backward(dpre, dpre, pre);
   }
   Tensor no_dinp;
-  linear_backward(no_dinp, dw, db, dout, act, w);
+  ft::nn::cuda::linear_backward(no_dinp, dw, db, dout, act, w, store);  // not nn:: (ADL)
 }
 
 }  // namespace ft::nn::cuda

@@ -204,9 +204,11 @@ __global__ void norm_param_partial_kernel(float* partial, const T* dout, const T
 }
 
 // Stage 2: dw[c] += the sum over chunks of the dw partials, db[c] the same with the db part
-// (add_column_partials in common.cuh: a fixed order), both in one launch.
-void finish_param_grads(float* dw, float* db, const float* partial, int C, int n_chunks) {
-  add_column_partials(dw, partial, n_chunks, C, db, partial + static_cast<int64_t>(n_chunks) * C);
+// (add_column_partials in common.cuh: a fixed order), both in one launch; = with overwrite.
+void finish_param_grads(float* dw, float* db, const float* partial, int C, int n_chunks,
+                        bool overwrite) {
+  add_column_partials(dw, partial, n_chunks, C, overwrite, db,
+                      partial + static_cast<int64_t>(n_chunks) * C);
 }
 
 // ---- rows held in registers ----
@@ -458,7 +460,8 @@ void launch_norm_dx(T* dx, const T* dout, const T* x, const T* w, const float* m
 // residual gradient (+=).
 void norm_backward(Tensor& dx, Tensor& dw, Tensor* db, const Tensor& dout, const Tensor& x,
                    const Tensor& w, const Tensor& mean, const Tensor& rstd, bool accumulate,
-                   const char* fn) {
+                   GradStore store, const char* fn) {
+  const bool overwrite = store == GradStore::overwrite;
   const int64_t rows = rows_of(x);
   const int C = static_cast<int>(x.dim(-1));
   if (rows == 0 || C == 0) return;
@@ -500,7 +503,7 @@ void norm_backward(Tensor& dx, Tensor& dw, Tensor* db, const Tensor& dout, const
         }
       });
       if (params) {
-        finish_param_grads(dw_p, db_p, ptr<float>(partial), C, blocks);
+        finish_param_grads(dw_p, db_p, ptr<float>(partial), C, blocks, overwrite);
       }
       return;
     }
@@ -513,7 +516,7 @@ void norm_backward(Tensor& dx, Tensor& dw, Tensor* db, const Tensor& dout, const
       norm_param_partial_kernel<T><<<grid, kColThreads, 0, stream()>>>(
           ptr<float>(partial), ptr<T>(dout), ptr<T>(x), mu, rs, rows, rows_per_chunk, C, n_chunks);
       FT_CUDA_CHECK_LAUNCH();
-      finish_param_grads(dw_p, db_p, ptr<float>(partial), C, n_chunks);
+      finish_param_grads(dw_p, db_p, ptr<float>(partial), C, n_chunks, overwrite);
     }
     if (dx.defined()) {
       if (accumulate) {
@@ -540,8 +543,8 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x,
 }
 
 void layernorm_backward(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& x,
-                        const Tensor& w, const Tensor& mean, const Tensor& rstd) {
-  norm_backward(dx, dw, &db, dout, x, w, mean, rstd, false, "layernorm_backward");
+                        const Tensor& w, const Tensor& mean, const Tensor& rstd, GradStore store) {
+  norm_backward(dx, dw, &db, dout, x, w, mean, rstd, false, store, "layernorm_backward");
 }
 
 void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& w, double eps) {
@@ -555,8 +558,8 @@ void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& w
 }
 
 void rmsnorm_backward(Tensor& dx, Tensor& dw, const Tensor& dout, const Tensor& x, const Tensor& w,
-                      const Tensor& rstd) {
-  norm_backward(dx, dw, nullptr, dout, x, w, Tensor(), rstd, false, "rmsnorm_backward");
+                      const Tensor& rstd, GradStore store) {
+  norm_backward(dx, dw, nullptr, dout, x, w, Tensor(), rstd, false, store, "rmsnorm_backward");
 }
 
 void add_norm_forward(Tensor& x_out, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a,
@@ -573,8 +576,9 @@ void add_norm_forward(Tensor& x_out, Tensor& out, Tensor& mean, Tensor& rstd, co
 }
 
 void norm_backward_add(Tensor& dresidual, Tensor& dw, Tensor& db, const Tensor& dout,
-                       const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd) {
-  norm_backward(dresidual, dw, &db, dout, x, w, mean, rstd, true, "norm_backward_add");
+                       const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                       GradStore store) {
+  norm_backward(dresidual, dw, &db, dout, x, w, mean, rstd, true, store, "norm_backward_add");
 }
 
 }  // namespace ft::nn::cuda
