@@ -38,10 +38,11 @@ struct Case {
   int64_t C;
 };
 
-// 450 rows (several warps' blocks, a partial last block). Rows of 16-byte packs up to 1024 bf16
-// or 512 fp32 columns run the kernels that keep a row in registers (C = 96: one pack per lane;
-// bf16 768: three, GPT-2's width; bf16 1024: four); longer ones (fp32 768, bf16 2048, llama3-1b's
-// width) the streaming 16-byte-pack kernels, C = 50 the element-wise ones.
+// 450 rows (several warps' blocks, a partial last block). Rows of 16-byte packs up to 4096 bf16
+// or 2048 fp32 columns run the kernels that keep a row in registers (C = 96: one pack per lane;
+// bf16 768: three, GPT-2's width; bf16 1024: four; fp32 768 and bf16 2048, llama3-1b's width: four
+// warps a row), C = 50 the element-wise ones. test_cuda_norm_rows.cpp covers the rows split over
+// warps and the streaming kernels at the same widths.
 class CudaFusedNorms : public ::testing::TestWithParam<Case> {
  protected:
   DType dt() const { return GetParam().dtype; }

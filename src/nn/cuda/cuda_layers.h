@@ -39,6 +39,13 @@ void add_norm_forward(Tensor& x_out, Tensor& out, Tensor& mean, Tensor& rstd, co
 void norm_backward_add(Tensor& dresidual, Tensor& dw, Tensor& db, const Tensor& dout,
                        const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
                        GradStore store);
+// For tests and benchmarks: false sends every norm row to the streaming kernels, the register
+// kernels' twins (the same bits but for the parameter gradients' order); returns the previous
+// setting. Not for use while another thread launches norms.
+bool set_norm_rows_in_registers(bool enabled);
+// The warps a row of C elements takes on the norms' register path (1 or 4) when its pointers
+// are 16-byte aligned, or 0 where it streams (every row while the register path is off).
+int norm_register_row_warps(DType dtype, int64_t C);
 
 void gelu_forward(Tensor& out, const Tensor& x);
 void gelu_backward(Tensor& dx, const Tensor& dout, const Tensor& x);
