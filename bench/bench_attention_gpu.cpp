@@ -15,6 +15,10 @@
 // configuration cannot run (can_implement) gets a row with the reason instead of timings.
 // --deterministic also times each configuration's backward in deterministic mode (a row of its
 // own, "<config> deterministic"), so the mode's cost is printed beside the default.
+// --packed also times each flash configuration on the layout training hands attention: q, k
+// and v read in place from one fused projection output [B, S, (Hq + 2 Hkv) D] and dq, dk, dv
+// written into one buffer of that shape (forward_packed, backward_packed; a row of its own,
+// "<config> packed").
 //
 // Method (DESIGN.md): CUDA events on ft::cuda::current_stream() around every call, after
 // --warmup calls and at least --warmup-ms of them; median, min and max of --iters calls. Inputs
@@ -69,6 +73,7 @@ struct Options {
   std::string dirs = "both";         // fwd, bwd or both
   std::vector<std::string> configs;  // none: default_config() of the device for the case
   bool deterministic = false;        // also time each flash backward in deterministic mode
+  bool packed = false;               // also time each flash configuration on a fused qkv buffer
   int warmup = 5, iters = 20, max_sets = 64;
   double warmup_ms = 300.0;    // and keep warming up until this much time has passed
   double naive_max_gib = 2.0;  // auto runs naive when one set's probabilities fit in this
@@ -120,6 +125,7 @@ Tensor random_cpu(const Shape& shape, DType dtype, uint64_t seed) {
 
 struct InputSet {
   Tensor q, k, v, dout;
+  Tensor qkv;  // [B, S, (Hq + 2 Hkv) D], with --packed only
 };
 
 struct Stats {
@@ -283,31 +289,40 @@ int input_set_count(const Problem& p, const Context& ctx) {
   const int64_t q_bytes =
       p.batch * p.seq_len * p.q_heads * p.head_dim * static_cast<int64_t>(dtype_size(p.dtype));
   const int64_t kv_bytes = q_bytes / p.group_size();
-  const int64_t set_bytes = 2 * q_bytes + 2 * kv_bytes;  // q, dout, k, v
+  int64_t set_bytes = 2 * q_bytes + 2 * kv_bytes;           // q, dout, k, v
+  if (ctx.opt.packed) set_bytes += q_bytes + 2 * kv_bytes;  // and qkv
   const int64_t sets = (4 * ctx.l2_bytes + set_bytes - 1) / set_bytes;
   return static_cast<int>(std::clamp<int64_t>(sets, 1, ctx.opt.max_sets));
 }
 
-std::vector<InputSet> make_input_sets(const Problem& p, int count) {
+std::vector<InputSet> make_input_sets(const Problem& p, int count, bool packed) {
   const Shape q_shape{p.batch, p.seq_len, p.q_heads, p.head_dim};
   const Shape kv_shape{p.batch, p.seq_len, p.kv_heads, p.head_dim};
+  const Shape qkv_shape{p.batch, p.seq_len, (p.q_heads + 2 * p.kv_heads) * p.head_dim};
   std::vector<InputSet> sets;
   for (int i = 0; i < count; ++i) {
     const uint64_t seed = 1000 + 10 * static_cast<uint64_t>(i);
     sets.push_back({random_cpu(q_shape, p.dtype, seed).to(Device::cuda),
                     random_cpu(kv_shape, p.dtype, seed + 1).to(Device::cuda),
                     random_cpu(kv_shape, p.dtype, seed + 2).to(Device::cuda),
-                    random_cpu(q_shape, p.dtype, seed + 3).to(Device::cuda)});
+                    random_cpu(q_shape, p.dtype, seed + 3).to(Device::cuda),
+                    packed ? random_cpu(qkv_shape, p.dtype, seed + 4).to(Device::cuda) : Tensor()});
   }
   return sets;
 }
+
+// What one run_impl call times: both directions on q, k, v of their own; the backward alone
+// (the deterministic mode's row); or both directions on the fused qkv buffer (--packed).
+enum class Variant { plain, backward_only, packed };
 
 // Forward, then backward of one implementation on one case (flash: with configuration `text`,
 // "" for the device's default): a row each, with the error text in place of timings when a
 // call throws or can_implement refuses the direction.
 void run_impl(const CaseSpec& c, const Problem& p, Impl impl, const std::string& text,
               const std::vector<InputSet>& sets, const Tensor& seg_gpu, int64_t pairs, Context& ctx,
-              bool backward_only = false) {
+              Variant variant = Variant::plain) {
+  const bool backward_only = variant == Variant::backward_only;
+  const bool packed = variant == Variant::packed;
   const KernelConfig* config = nullptr;
   KernelConfig flash_config;
   std::string config_text;
@@ -316,7 +331,8 @@ void run_impl(const CaseSpec& c, const Problem& p, Impl impl, const std::string&
     try {
       const KernelConfig base = default_config(ctx.limits, p);
       flash_config = text.empty() ? base : KernelConfig::parse(text, base);
-      config_text = flash_config.str() + (p.deterministic ? " deterministic" : "");
+      config_text = flash_config.str() + (p.deterministic ? " deterministic" : "") +
+                    (packed ? " packed" : "");
       config = &flash_config;
     } catch (const std::exception& e) {
       for (const char* dir : {"fwd", "bwd"}) {
@@ -332,6 +348,8 @@ void run_impl(const CaseSpec& c, const Problem& p, Impl impl, const std::string&
   }
   const int n = static_cast<int>(sets.size());
   std::vector<ForwardOutput> saved;
+  Tensor dqkv;  // --packed: the backward's one output buffer, written by every call
+  if (packed) dqkv = Tensor::empty(sets.front().qkv.shape(), p.dtype, Device::cuda);
   for (const char* dir : {"fwd", "bwd"}) {
     if (ctx.opt.dirs != "both" && ctx.opt.dirs != dir) continue;
     if (backward_only && std::string(dir) == "fwd") continue;
@@ -352,19 +370,28 @@ void run_impl(const CaseSpec& c, const Problem& p, Impl impl, const std::string&
         s = time_calls(
             [&](int i) {
               const InputSet& in = sets[i % n];
-              (void)forward(impl, p, in.q, in.k, in.v, seg_gpu, config);
+              if (packed) {
+                (void)forward_packed(impl, p, in.qkv, seg_gpu, config);
+              } else {
+                (void)forward(impl, p, in.q, in.k, in.v, seg_gpu, config);
+              }
             },
             ctx.opt, *ctx.queue);
       } else {
         // One forward per set for backward to read, made after the forward timing so that
         // naive's probabilities are not resident while the forward is timed.
         for (const InputSet& in : sets) {
-          saved.push_back(forward(impl, p, in.q, in.k, in.v, seg_gpu, config));
+          saved.push_back(packed ? forward_packed(impl, p, in.qkv, seg_gpu, config)
+                                 : forward(impl, p, in.q, in.k, in.v, seg_gpu, config));
         }
         s = time_calls(
             [&](int i) {
               const InputSet& in = sets[i % n];
-              (void)backward(impl, p, in.q, in.k, in.v, saved[i % n], in.dout, seg_gpu, config);
+              if (packed) {
+                backward_packed(impl, p, in.qkv, saved[i % n], in.dout, dqkv, seg_gpu, config);
+              } else {
+                (void)backward(impl, p, in.q, in.k, in.v, saved[i % n], in.dout, seg_gpu, config);
+              }
             },
             ctx.opt, *ctx.queue);
       }
@@ -405,7 +432,7 @@ void run_case(const CaseSpec& c, Context& ctx) {
   const int count = input_set_count(p, ctx);
   std::fprintf(stderr, "%s: %s, %lld attended pairs, %d input set(s)\n", c.name.c_str(),
                p.describe().c_str(), static_cast<long long>(pairs), count);
-  const std::vector<InputSet> sets = make_input_sets(p, count);
+  const std::vector<InputSet> sets = make_input_sets(p, count, ctx.opt.packed);
   // With --deterministic each flash configuration's backward is timed a second time in
   // deterministic mode (its own row, "... deterministic" in the config column).
   Problem deterministic = p;
@@ -418,7 +445,10 @@ void run_case(const CaseSpec& c, Context& ctx) {
     for (const std::string& text : texts) {
       run_impl(c, p, impl, text, sets, seg_gpu, pairs, ctx);
       if (impl == Impl::flash && also_deterministic) {
-        run_impl(c, deterministic, impl, text, sets, seg_gpu, pairs, ctx, true);
+        run_impl(c, deterministic, impl, text, sets, seg_gpu, pairs, ctx, Variant::backward_only);
+      }
+      if (impl == Impl::flash && ctx.opt.packed) {
+        run_impl(c, p, impl, text, sets, seg_gpu, pairs, ctx, Variant::packed);
       }
     }
   }
@@ -524,6 +554,10 @@ int main(int argc, char** argv) {
   app.add_flag("--deterministic", opt.deterministic,
                "also time each flash backward in deterministic mode (bit-identical dq, dk, dv; "
                "the tma backward only): its own row beside the default");
+  app.add_flag("--packed", opt.packed,
+               "also time each flash configuration on training's layout: q, k, v read in place "
+               "from one fused [B, S, (Hq + 2 Hkv) D] buffer, dq, dk, dv written into one: its "
+               "own row beside the default");
   app.add_option("--warmup", opt.warmup, "untimed calls first")->capture_default_str();
   app.add_option("--warmup-ms", opt.warmup_ms,
                  "and untimed calls until this many milliseconds have passed (settled clocks)")
