@@ -7,11 +7,14 @@
 // the padding columns [V, Vp). Each thread reads a pack before writing the same pack, the target
 // logit is read before the block's first barrier, and no thread writes before that barrier, so
 // dlogits may alias logits: no second copy of the logits, fp32 or otherwise, is ever made.
-// Traffic: the row read twice (the second time mostly from L2) and written once. Two variants
-// measured slower on the H200 (docs/PERF.md, 2026-12-02): the row kept in shared memory between
-// the passes (two blocks per multiprocessor; 1.67-1.75 ms a GPT-2 step against 1.51), and four
-// packs per thread loaded before the first is used (1.73 ms). Both moved fewer DRAM bytes and
-// took longer: this kernel is not bound by its bytes alone (an ncu run should say by what).
+// Traffic: the row read twice (the second time partly from L2: 35% hits at llama3-1b's 256 KB
+// rows) and written once. Two variants measured slower on the H200 (docs/PERF.md, 2026-12-02):
+// the row kept in shared memory between the passes (two blocks per multiprocessor; 1.67-1.75 ms
+// a GPT-2 step against 1.51), and four packs per thread loaded before the first is used
+// (1.73 ms). Both moved fewer DRAM bytes and took longer: ncu (2026-12-03) says the kernel is
+// bound by its instruction issue (0.80 warps issued per scheduler and cycle), so each logit
+// costs as few instructions as it can: one FFMA and one EX2 an exponential, no per-column
+// checks in the packs wholly below V, one compare a pack for the target.
 // Pass 2 reads and writes with the evict-first hint (below): 1.643-1.676 ms against 1.704-1.740
 // without in the same call (GPT-2 16 x 1024, the profile's classifier row); capping the blocks
 // per multiprocessor at three or two (so the rows in flight fit L2) was slower (1.79, 2.07).
@@ -25,12 +28,17 @@ namespace ft::nn::cuda {
 namespace {
 
 constexpr int kThreads = 512;
+constexpr float kLog2e = 1.4426950408889634f;
 
-// exp(x) for x <= 0 as 2^(x log2 e): one multiply and one MUFU.EX2 (relative error ~2^-21 on
-// the arguments softmax gives it; expf's range reduction costs several instructions more, and
-// two exponentials per logit bound this kernel's instruction rate, not its memory traffic).
-__device__ __forceinline__ float fast_exp(float x) {
-  return __expf(x);
+// 2^x in one MUFU.EX2 (flush-to-zero; relative error ~2^-22). Every exponential here is
+// exp(x - max) formed as 2^(x log2e - max log2e): one FFMA and this, where __expf(x - max)
+// costs an FADD, an FMUL and the MUFU. The kernel issues an instruction most cycles (ncu on the
+// H200: 0.80 issued per scheduler and cycle at llama3-1b's 128256 columns), so instructions
+// per logit, not bytes, set its time.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 
 struct MaxSum {
@@ -90,51 +98,83 @@ __device__ __forceinline__ void store_streaming(T* p, const Pack<T, W>& x) {
   }
 }
 
+// Folds one pack of logits into a thread's (max, sum): the pack's max first, the sum rescaled
+// once if it rises, then one FFMA and one EX2 a logit. Full: all W columns are < V (every pack
+// but a row's last partial one), so no column is checked.
+template <bool Full, class T, int W>
+__device__ __forceinline__ void add_pack(MaxSum& acc, const Pack<T, W>& xp, int n) {
+  float f[W];
+  float pack_max = -FLT_MAX;
+#pragma unroll
+  for (int k = 0; k < W; ++k) {
+    f[k] = to_f32(xp.v[k]);
+    if (Full || k < n) pack_max = fmaxf(pack_max, f[k]);
+  }
+  if (pack_max > acc.max) {  // rescale once per pack, not per element
+    acc.sum *= exp2_approx((acc.max - pack_max) * kLog2e);
+    acc.max = pack_max;
+  }
+  const float shift = -acc.max * kLog2e;
+#pragma unroll
+  for (int k = 0; k < W; ++k) {
+    if (Full || k < n) acc.sum += exp2_approx(fmaf(f[k], kLog2e, shift));
+  }
+}
+
+// (softmax - onehot(target)) * dloss for one pack starting at column `col`, 0 at columns >= V.
+// The target's column is found by one compare a pack; only the pack that holds it subtracts.
+template <bool Full, class T, int W>
+__device__ __forceinline__ Pack<T, W> grad_pack(const Pack<T, W>& xp, int col, int V, int target,
+                                                float shift, float scale, float dloss) {
+  float g[W];
+#pragma unroll
+  for (int k = 0; k < W; ++k) {
+    g[k] = Full || col + k < V ? exp2_approx(fmaf(to_f32(xp.v[k]), kLog2e, shift)) * scale : 0.0f;
+  }
+  const int t = target - col;
+  if (static_cast<unsigned>(t) < static_cast<unsigned>(W)) {
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      if (k == t) g[k] -= dloss;
+    }
+  }
+  Pack<T, W> dp;
+#pragma unroll
+  for (int k = 0; k < W; ++k) dp.v[k] = from_f32<T>(g[k]);
+  return dp;
+}
+
+// One block a row. The packs wholly below V go through the unchecked loops; the packs from V / W
+// on (a partial pack, the padding) through the checked ones. V < 2^31 (int32 targets), so
+// columns are ints; only the row's offset needs 64 bits.
 template <class T, int W>
 __global__ void cross_entropy_kernel(float* losses, T* dlogits, const T* logits,
-                                     const int32_t* targets, int64_t Vp, int64_t V, float dloss) {
+                                     const int32_t* targets, int Vp, int V, float dloss) {
   const int64_t row = blockIdx.x;
   const T* x = logits + row * Vp;
-  const int32_t target = targets[row];
+  const int target = targets[row];
   const float target_logit = to_f32(x[target]);  // before any thread may overwrite it
+  const int full_packs = V / W;
   MaxSum acc{-FLT_MAX, 0.0f};
-  for (int64_t p = threadIdx.x; p * W < V; p += blockDim.x) {
-    const Pack<T, W> xp = load_pack<T, W>(x + p * W);
-    const int n = static_cast<int>(V - p * W < W ? V - p * W : W);  // columns < V in the pack
-    float pack_max = -FLT_MAX;
-#pragma unroll
-    for (int k = 0; k < W; ++k) {
-      if (k < n) pack_max = fmaxf(pack_max, to_f32(xp.v[k]));
-    }
-    if (pack_max > acc.max) {  // rescale once per pack, not per element
-      acc.sum *= fast_exp(acc.max - pack_max);
-      acc.max = pack_max;
-    }
-#pragma unroll
-    for (int k = 0; k < W; ++k) {
-      if (k < n) acc.sum += fast_exp(to_f32(xp.v[k]) - acc.max);
-    }
+  for (int p = threadIdx.x; p < full_packs; p += blockDim.x) {
+    add_pack<true>(acc, load_pack<T, W>(x + p * W), W);
+  }
+  for (int p = full_packs + threadIdx.x; p * W < V; p += blockDim.x) {
+    add_pack<false>(acc, load_pack<T, W>(x + p * W), V - p * W);
   }
   const MaxSum row_stats = block_max_sum(acc);
   if (threadIdx.x == 0) losses[row] = logf(row_stats.sum) - (target_logit - row_stats.max);
   if (dlogits == nullptr) return;
   T* d = dlogits + row * Vp;
-  const float scale = dloss / row_stats.sum;
-  for (int64_t p = threadIdx.x; p * W < Vp; p += blockDim.x) {
+  const float scale = dloss / row_stats.sum, shift = -row_stats.max * kLog2e;
+  for (int p = threadIdx.x; p < full_packs; p += blockDim.x) {
+    const Pack<T, W> xp = load_last_use<T, W>(x + p * W);
+    store_streaming<T, W>(d + p * W, grad_pack<true>(xp, p * W, V, target, shift, scale, dloss));
+  }
+  for (int p = full_packs + threadIdx.x; p * W < Vp; p += blockDim.x) {
     Pack<T, W> xp{};
     if (p * W < V) xp = load_last_use<T, W>(x + p * W);
-    Pack<T, W> dp;
-#pragma unroll
-    for (int k = 0; k < W; ++k) {
-      const int64_t j = p * W + k;
-      float g = 0.0f;
-      if (j < V) {
-        g = fast_exp(to_f32(xp.v[k]) - row_stats.max) * scale;
-        if (j == target) g -= dloss;
-      }
-      dp.v[k] = from_f32<T>(g);
-    }
-    store_streaming<T, W>(d + p * W, dp);
+    store_streaming<T, W>(d + p * W, grad_pack<false>(xp, p * W, V, target, shift, scale, dloss));
   }
 }
 
@@ -151,12 +191,13 @@ void softmax_cross_entropy(Tensor& losses, Tensor& dlogits, const Tensor& logits
     const T* x = ptr<T>(logits);
     const auto grid = static_cast<unsigned>(N);
     const auto scale = static_cast<float>(dloss);
+    const auto vp = static_cast<int>(Vp), v = static_cast<int>(V);
     if (can_use_packs<T>(Vp, {d, x})) {
       cross_entropy_kernel<T, kPackWidth<T>><<<grid, kThreads, 0, stream()>>>(
-          ptr<float>(losses), d, x, ptr<int32_t>(dev_targets), Vp, V, scale);
+          ptr<float>(losses), d, x, ptr<int32_t>(dev_targets), vp, v, scale);
     } else {
       cross_entropy_kernel<T, 1><<<grid, kThreads, 0, stream()>>>(
-          ptr<float>(losses), d, x, ptr<int32_t>(dev_targets), Vp, V, scale);
+          ptr<float>(losses), d, x, ptr<int32_t>(dev_targets), vp, v, scale);
     }
     FT_CUDA_CHECK_LAUNCH();
   });
