@@ -420,23 +420,27 @@ __global__ void __launch_bounds__(kRowThreads)
   const SliceOfRow s = slice_of_row(C / W, W);
   auto live = [&](int k) { return lane + 32 * k < s.len; };
   float dw_acc[K][W] = {}, db_acc[WithDb ? K : 1][W] = {};
+  LanePacks<T, W, K> wr;  // the weight's packs of this slice: the same for every row
+  wr.load(w + s.col0, s.len, lane);
   int parity = 0;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * s.groups + s.group; row < rows;
        row += static_cast<int64_t>(gridDim.x) * s.groups, parity ^= 1) {
     const int64_t at = row * C + s.col0;
-    LanePacks<T, W, K> xr, dr;
+    // Every load of the row is issued here, the residual gradient's too, so that a row waits on
+    // memory once, not again after its reduction.
+    LanePacks<T, W, K> xr, dr, rr;
     xr.load(x + at, s.len, lane);
     dr.load(dout + at, s.len, lane);
+    if constexpr (Accumulate) rr.load(dx + at, s.len, lane);
     const float mu = mean != nullptr ? mean[row] : 0.0f, rs = rstd[row];
     float sums[2] = {};  // dnorm, dnorm * norm
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       if (!live(k)) continue;
-      const Pack<T, W> wp = load_pack<T, W>(w + s.col0 + (lane + 32 * k) * W);
 #pragma unroll
       for (int i = 0; i < W; ++i) {
-        add_dnorm(sums[0], sums[1], to_f32(dr.v[k].v[i]), to_f32(wp.v[i]), to_f32(xr.v[k].v[i]), mu,
-                  rs);
+        add_dnorm(sums[0], sums[1], to_f32(dr.v[k].v[i]), to_f32(wr.v[k].v[i]),
+                  to_f32(xr.v[k].v[i]), mu, rs);
       }
     }
     sums[0] = warp_sum(sums[0]);
@@ -449,23 +453,21 @@ __global__ void __launch_bounds__(kRowThreads)
     for (int k = 0; k < K; ++k) {
       if (!live(k)) continue;
       const int col = (lane + 32 * k) * W;
-      const Pack<T, W> wp = load_pack<T, W>(w + s.col0 + col);
       Pack<T, W> op;
 #pragma unroll
       for (int i = 0; i < W; ++i) {
         const float d = to_f32(dr.v[k].v[i]);
-        op.v[i] = from_f32<T>(
-            norm_dx(d, to_f32(wp.v[i]), to_f32(xr.v[k].v[i]), mu, rs, dnorm_mean, dnorm_norm_mean));
+        op.v[i] = from_f32<T>(norm_dx(d, to_f32(wr.v[k].v[i]), to_f32(xr.v[k].v[i]), mu, rs,
+                                      dnorm_mean, dnorm_norm_mean));
         // Rounded as written, so that every instantiation (fused or not) sums the same bits.
         dw_acc[k][i] = __fadd_rn(dw_acc[k][i],
                                  __fmul_rn(__fmul_rn(d, __fsub_rn(to_f32(xr.v[k].v[i]), mu)), rs));
         if constexpr (WithDb) db_acc[k][i] = __fadd_rn(db_acc[k][i], d);
       }
       if constexpr (Accumulate) {
-        const Pack<T, W> rp = load_pack<T, W>(dx + at + col);
 #pragma unroll
         for (int i = 0; i < W; ++i) {
-          op.v[i] = from_f32<T>(__fadd_rn(to_f32(rp.v[i]), to_f32(op.v[i])));
+          op.v[i] = from_f32<T>(__fadd_rn(to_f32(rr.v[k].v[i]), to_f32(op.v[i])));
         }
       }
       store_pack<T, W>(dx + at + col, op);
