@@ -291,6 +291,8 @@ nb::dlpack::dtype export_dtype(DType dtype, nb::dlpack::dtype q_form) {
       return nb::dtype<double>();
     case DType::i32:
       return nb::dtype<int32_t>();
+    case DType::i16:
+      return nb::dtype<int16_t>();
     case DType::bf16:
       return q_form;
   }

@@ -1,8 +1,10 @@
 // Element types and devices. Computation accumulates in acc_t<T>: float for f32 and bf16,
-// double for f64 (the test and reference precision).
+// double for f64 (the test and reference precision). i16 holds the low halves of fp32 values
+// kept in two 16-bit halves (core/f32_halves.h); like i32 it is copied, never converted.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 
@@ -10,12 +12,15 @@
 
 namespace ft {
 
-enum class DType { f32, bf16, f64, i32 };
+enum class DType { f32, bf16, f64, i32, i16 };
 enum class Device { cpu, cuda };
 
 size_t dtype_size(DType t);
-const char* dtype_name(DType t);          // "fp32", "bf16", "fp64", "int32"
-DType parse_dtype(const std::string& s);  // accepts fp32|f32|float32, bf16|bfloat16, fp64, int32
+inline bool is_integer(DType t) {
+  return t == DType::i32 || t == DType::i16;
+}
+const char* dtype_name(DType t);          // "fp32", "bf16", "fp64", "int32", "int16"
+DType parse_dtype(const std::string& s);  // fp32|f32|float32, bf16|bfloat16, fp64, int32, int16
 const char* device_name(Device d);        // "cpu", "cuda"
 Device parse_device(const std::string& s);
 
@@ -36,6 +41,10 @@ struct dtype_of<double> {
 template <>
 struct dtype_of<int32_t> {
   static constexpr DType value = DType::i32;
+};
+template <>
+struct dtype_of<int16_t> {
+  static constexpr DType value = DType::i16;
 };
 
 template <class T>

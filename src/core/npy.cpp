@@ -46,6 +46,8 @@ const char* descr_from_dtype(DType dtype) {
       return "<u2";
     case DType::i32:
       return "<i4";
+    case DType::i16:
+      return "<i2";
     case DType::f64:
       return "<f8";
   }

@@ -23,6 +23,8 @@ size_t dtype_size(DType t) {
       return 8;
     case DType::i32:
       return 4;
+    case DType::i16:
+      return 2;
   }
   return 0;
 }
@@ -37,6 +39,8 @@ const char* dtype_name(DType t) {
       return "fp64";
     case DType::i32:
       return "int32";
+    case DType::i16:
+      return "int16";
   }
   return "?";
 }
@@ -46,7 +50,8 @@ DType parse_dtype(const std::string& s) {
   if (s == "bf16" || s == "bfloat16") return DType::bf16;
   if (s == "fp64" || s == "f64" || s == "float64") return DType::f64;
   if (s == "int32" || s == "i32") return DType::i32;
-  throw Error(str("unknown dtype '", s, "' (allowed: fp32, bf16, fp64, int32)"));
+  if (s == "int16" || s == "i16") return DType::i16;
+  throw Error(str("unknown dtype '", s, "' (allowed: fp32, bf16, fp64, int32, int16)"));
 }
 
 const char* device_name(Device d) {
@@ -214,7 +219,7 @@ Tensor Tensor::to(Device device) const {
 void Tensor::copy_from(const Tensor& src) {
   FT_CHECK(src.numel() == numel(), "copy_from: ", shape_str(src.shape()), " into ",
            shape_str(shape_));
-  FT_CHECK(src.dtype() == dtype_ || (dtype_ != DType::i32 && src.dtype() != DType::i32),
+  FT_CHECK(src.dtype() == dtype_ || (!is_integer(dtype_) && !is_integer(src.dtype())),
            "cannot convert ", dtype_name(src.dtype()), " to ", dtype_name(dtype_));
   if (device_ == Device::cpu && src.device() == Device::cpu) {
     if (src.dtype() == dtype_) {
@@ -255,6 +260,11 @@ void Tensor::fill(double value) {
   if (dtype_ == DType::i32) {
     int32_t* p = data<int32_t>();
     for (int64_t i = 0, n = numel(); i < n; ++i) p[i] = static_cast<int32_t>(value);
+    return;
+  }
+  if (dtype_ == DType::i16) {
+    int16_t* p = data<int16_t>();
+    for (int64_t i = 0, n = numel(); i < n; ++i) p[i] = static_cast<int16_t>(value);
     return;
   }
   dispatch_float(dtype_, [&](auto d) {
@@ -315,7 +325,7 @@ double relative_error(const Tensor& a, const Tensor& b) {
 }
 
 bool all_finite(const Tensor& tensor) {
-  if (tensor.dtype() == DType::i32) return true;
+  if (is_integer(tensor.dtype())) return true;
   const Tensor t = on_cpu(tensor);
   bool ok = true;
   dispatch_float(t.dtype(), [&](auto d) {

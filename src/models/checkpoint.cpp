@@ -32,7 +32,7 @@ std::vector<Entry> file_layout(const Transformer& model) {
   std::vector<Entry> out;
   auto whole = [&](const std::string& name) {
     const Parameter* p = find(name);
-    out.push_back({p, p->master.dim(0)});
+    out.push_back({p, p->shape()[0]});
   };
   auto per_layer = [&](const std::string& kind) {
     for (int64_t l = 0; l < c.n_layer; ++l) whole("h." + std::to_string(l) + "." + kind);
@@ -58,7 +58,7 @@ std::vector<Entry> file_layout(const Transformer& model) {
 }
 
 int64_t row_elems(const Parameter& p) {
-  return p.master.numel() / p.master.dim(0);
+  return p.numel() / p.shape()[0];
 }
 
 int64_t header_bytes(Family f) {
@@ -193,8 +193,8 @@ void save_checkpoint(const std::string& path, const Transformer& model, DType fi
   file.write(h.ints.data(), 1024);
   if (c.family == Family::llama3) file.write(h.floats.data(), 1024);
   for (const Entry& e : file_layout(model)) {
-    const Tensor rows = e.param->master.slice(0, e.stored_rows);
-    const Tensor converted = rows.to(Device::cpu).to(file_dtype);
+    const Tensor rows = e.param->master_weights(Device::cpu).slice(0, e.stored_rows);
+    const Tensor converted = rows.to(file_dtype);
     file.write(converted.raw(), converted.nbytes());
   }
   file.commit();
@@ -233,10 +233,11 @@ void load_checkpoint(const std::string& path, Transformer& model) {
     Tensor buf = Tensor::empty({e.stored_rows, row_elems(p)}, file_dtype);
     in.read(static_cast<char*>(buf.raw()), static_cast<std::streamsize>(buf.nbytes()));
     FT_CHECK(in.good(), path, ": read failed in ", p.name);
-    p.master.zero();  // rows past the stored ones (padded vocabulary) stay zero
-    Tensor dst = p.master.slice(0, e.stored_rows);
+    // Rows past the stored ones (padded vocabulary) stay zero.
+    Tensor master = Tensor::zeros(p.shape(), model.master_dtype());
+    Tensor dst = master.slice(0, e.stored_rows);
     dst.copy_from(buf);
-    p.sync_compute();
+    p.set_master_weights(master);
   }
 }
 

@@ -6,13 +6,10 @@
 
 #include "core/device.h"
 #include "core/error.h"
+#include "core/f32_halves.h"
 #include "models/transformer_parts.h"
 
 namespace ft::models {
-
-void Parameter::sync_compute() {
-  if (compute.raw() != master.raw()) compute.copy_from(master);
-}
 
 namespace {
 
@@ -20,7 +17,44 @@ int64_t rows(const Tensor& t) {
   return t.numel() / t.dim(-1);
 }
 
+// The masters whose whole form is `master` or whose halves are hi and lo, on `device`.
+Tensor masters_on(Device device, const Tensor& master, const Tensor& hi, const Tensor& lo) {
+  if (!lo.defined()) return master.to(device);
+  Tensor out = Tensor::empty(hi.shape(), DType::f32, device);
+  const bool here = hi.device() == device;
+  join_f32(out, here ? hi : hi.to(device), here ? lo : lo.to(device));
+  return out;
+}
+
+// Sets the masters whose whole form is `master` or whose halves are hi and lo to values. Split
+// where the values are, and the halves moved: masters set from the host (initialisation, loads)
+// take no fp32 copy on the GPU.
+void set_masters(Tensor& master, Tensor& hi, Tensor& lo, const Tensor& values) {
+  if (!lo.defined()) return master.copy_from(values);
+  FT_CHECK(values.numel() == hi.numel(), "master weights: ", shape_str(values.shape()),
+           " given for ", shape_str(hi.shape()));
+  const Tensor f32 = values.dtype() == DType::f32 ? values : values.to(DType::f32);
+  if (f32.device() == hi.device()) return split_f32(hi, lo, f32);
+  Tensor h = Tensor::empty(hi.shape(), DType::bf16, f32.device());
+  Tensor l = Tensor::empty(lo.shape(), DType::i16, f32.device());
+  split_f32(h, l, f32);
+  hi.copy_from(h);
+  lo.copy_from(l);
+}
+
 }  // namespace
+
+Tensor Parameter::master_weights() const {
+  return master_weights(compute.device());
+}
+
+Tensor Parameter::master_weights(Device device) const {
+  return masters_on(device, master, compute, master_lo);
+}
+
+void Parameter::set_master_weights(const Tensor& values) {
+  set_masters(master, compute, master_lo, values);
+}
 
 Transformer::Transformer(const ModelConfig& config, DType compute_dtype,
                          AttentionSettings attention, Device device, int64_t parameter_alignment)
@@ -97,20 +131,43 @@ void Transformer::build_parameters() {
     params_[i].offset = total;
     total += (shape_numel(specs[i].shape) + align - 1) / align * align;
   }
-  flat_master_ = Tensor::zeros({total}, master_dtype_, device_);
   flat_grad_ = Tensor::zeros({total}, master_dtype_, device_);
-  flat_compute_ = compute_dtype_ == master_dtype_ ? flat_master_
-                                                  : Tensor::zeros({total}, compute_dtype_, device_);
+  if (compute_dtype_ == master_dtype_) {
+    flat_master_ = flat_compute_ = Tensor::zeros({total}, master_dtype_, device_);
+  } else {  // bf16: the fp32 masters split, the compute copy their high half
+    flat_compute_ = Tensor::zeros({total}, compute_dtype_, device_);
+    flat_master_lo_ = Tensor::zeros({total}, DType::i16, device_);
+  }
   for (size_t i = 0; i < specs.size(); ++i) {
     Parameter& p = params_[i];
     p.name = specs[i].name;
     p.decay = specs[i].shape.size() >= 2;
     const int64_t begin = p.offset, end = p.offset + shape_numel(specs[i].shape);
-    p.master = flat_master_.slice(begin, end).view(specs[i].shape);
-    p.grad = flat_grad_.slice(begin, end).view(specs[i].shape);
-    p.compute = flat_compute_.slice(begin, end).view(specs[i].shape);
+    auto view = [&](const Tensor& flat) { return flat.slice(begin, end).view(specs[i].shape); };
+    if (flat_master_.defined()) p.master = view(flat_master_);
+    if (flat_master_lo_.defined()) p.master_lo = view(flat_master_lo_);
+    p.grad = view(flat_grad_);
+    p.compute = view(flat_compute_);
     *specs[i].slot = &p;
   }
+}
+
+Tensor Transformer::master_range(int64_t begin, int64_t end, Device device) const {
+  auto range = [&](const Tensor& flat) { return flat.defined() ? flat.slice(begin, end) : flat; };
+  return masters_on(device, range(flat_master_), range(flat_compute_), range(flat_master_lo_));
+}
+
+void Transformer::set_master_range(int64_t begin, const Tensor& values) {
+  const int64_t end = begin + values.numel();
+  auto range = [&](const Tensor& flat) { return flat.defined() ? flat.slice(begin, end) : flat; };
+  Tensor master = range(flat_master_), hi = range(flat_compute_), lo = range(flat_master_lo_);
+  set_masters(master, hi, lo, values);
+}
+
+int64_t Transformer::weight_bytes() const {
+  int64_t bytes = static_cast<int64_t>(flat_compute_.nbytes());
+  if (flat_master_lo_.defined()) bytes += static_cast<int64_t>(flat_master_lo_.nbytes());
+  return bytes;
 }
 
 void Transformer::report_ready(const GradientReady& ready,
@@ -129,27 +186,24 @@ void Transformer::init_weights(uint64_t seed) {
   for (Parameter& p : params_) {
     const bool is_norm = p.name.find("norm") != std::string::npos;
     const bool is_bias = p.name.ends_with(".bias");
+    // Drawn on the CPU, so a model gets the same weights on every device.
+    Tensor host = Tensor::empty(p.shape(), master_dtype_);
     if (is_norm && !is_bias) {
-      p.master.fill(1.0);
+      host.fill(1.0);
     } else if (is_bias) {
-      p.master.zero();
+      host.zero();
     } else {
       const bool residual =
           p.name.ends_with("attn.proj.weight") || p.name.ends_with("mlp.proj.weight");
-      // Drawn on the CPU, so a model gets the same weights on every device.
-      Tensor host = Tensor::empty(p.master.shape(), master_dtype_);
       fill_normal(host, rng, 0.0, residual ? residual_std : std);
-      p.master.copy_from(host);
     }
+    // Rows past the real vocabulary are never looked up and never predicted: keep them zero.
+    if (&p == w_->wte || &p == w_->head) {
+      Tensor pad = host.slice(config_.vocab_size, config_.padded_vocab_size);
+      pad.zero();
+    }
+    p.set_master_weights(host);
   }
-  // Rows past the real vocabulary are never looked up and never predicted: keep them zero.
-  for (Parameter* p : {w_->wte, w_->head}) {
-    if (p == nullptr) continue;
-    const int64_t V = config_.vocab_size, Vp = config_.padded_vocab_size;
-    Tensor pad = p->master.slice(V, Vp);
-    pad.zero();
-  }
-  for (Parameter& p : params_) p.sync_compute();
 }
 
 Parameter* Transformer::find(const std::string& name) {

@@ -16,7 +16,9 @@
 // The parameters' master weights, gradients and compute copies are views into one flat buffer
 // each (parameters in order, every offset a multiple of the parameter alignment), so that a run
 // of consecutive parameters is one contiguous range: data parallelism (src/dist) reduces,
-// shards and gathers such ranges without copies.
+// shards and gathers such ranges without copies. A bf16 model keeps its fp32 masters split in
+// two 16-bit halves (core/f32_halves.h): the bf16 compute copy is their high half and a buffer
+// of int16 their low half, so the compute copy costs no memory of its own (Parameter).
 #pragma once
 
 #include <functional>
@@ -36,17 +38,37 @@
 
 namespace ft::models {
 
+// One parameter's state. Its master weights (fp32; fp64 when computing in fp64) are what the
+// optimizer updates and what checkpoints and resume states hold; its compute copy is what the
+// layers read. fp32 and fp64 models keep the masters whole in `master`, and `compute` is the
+// same tensor. bf16 models keep them split (core/f32_halves.h): `compute` is their high half
+// (the master rounded to bf16, ties away from zero) and `master_lo` their low half, which give
+// the fp32 master back exactly; `master` is then undefined. That is 4 bytes a parameter for the
+// master and its bf16 copy instead of 4 + 2, and the optimizer, which joins, updates and splits
+// them (nn::AdamWTensor), never refreshes a copy. Read and write masters of either kind with
+// master_weights() and set_master_weights().
 struct Parameter {
   std::string name;
   bool decay = false;  // weight decay applies to matrices only
-  int64_t offset = 0;  // first element in the model's flat buffers (flat_masters() ...)
-  Tensor master;       // fp32 (fp64 when computing in fp64): what the optimizer updates
-  Tensor grad;         // dtype of master; accumulated over micro-batches
-  Tensor compute;      // the copy layers read, in the compute dtype (aliases master if equal)
-  Tensor m, v;         // AdamW moments, dtype of master
+  int64_t offset = 0;  // first element in the model's flat buffers (flat_grads() ...)
+  Tensor master;       // whole master weights (fp32 or fp64 models), or undefined (split)
+  Tensor master_lo;    // int16: the low halves of split master weights (bf16 models), or undefined
+  Tensor grad;         // master dtype; accumulated over micro-batches
+  Tensor compute;      // the copy layers read, in the compute dtype (master, or its high half)
+  Tensor m, v;         // AdamW moments, master dtype
 
-  // Refresh the compute copy from master (after an update or a load).
-  void sync_compute();
+  bool split() const { return master_lo.defined(); }
+  const Shape& shape() const { return grad.shape(); }
+  int64_t numel() const { return grad.numel(); }
+  DType master_dtype() const { return grad.dtype(); }
+  // The master weights, exact, as a new tensor of the master dtype on the parameter's device,
+  // or on `device` (split halves are copied there and joined there, so a CPU copy of a GPU
+  // model's masters takes no GPU memory).
+  Tensor master_weights() const;
+  Tensor master_weights(Device device) const;
+  // Sets the master weights, and with them the compute copy, to values (the parameter's element
+  // count, any float dtype and device: converted to the master dtype as Tensor::copy_from does).
+  void set_master_weights(const Tensor& values);
 };
 
 // The keys and values of the positions seen so far, per layer, so that generation feeds one
@@ -227,13 +249,27 @@ class Transformer {
   // Named per-layer parameter, e.g. layer_parameter(3, "attn.qkv.weight").
   Parameter& layer_parameter(int64_t layer, const std::string& name);
 
-  // The flat buffers behind every parameter's master, grad and compute views, 1-D; equal sizes
-  // (a multiple of parameter_alignment()); flat_compute() is flat_masters() when the compute
-  // dtype is the master dtype. Elements between parameters are zero and belong to none.
+  // The flat buffers behind every parameter's master, grad, compute and master_lo views, 1-D;
+  // equal sizes (a multiple of parameter_alignment()). Whole masters (fp32 and fp64 models):
+  // flat_masters() is flat_compute() and flat_master_lo() is undefined. Split masters (bf16
+  // models): flat_masters() is undefined, flat_compute() holds their high halves and
+  // flat_master_lo() their low halves. Elements between parameters are zero and belong to none.
+  bool split_masters() const { return flat_master_lo_.defined(); }
   const Tensor& flat_masters() const { return flat_master_; }
+  const Tensor& flat_master_lo() const { return flat_master_lo_; }
   const Tensor& flat_grads() const { return flat_grad_; }
   const Tensor& flat_compute() const { return flat_compute_; }
   int64_t parameter_alignment() const { return parameter_alignment_; }
+  // Elements [begin, end) of the flat master weights, exact, as a new tensor of the master
+  // dtype on `device` (Parameter::master_weights over a range of the flat buffers).
+  Tensor master_range(int64_t begin, int64_t end, Device device) const;
+  // Sets elements [begin, begin + values.numel()) of the flat master weights (and compute
+  // copies) to values (any float dtype and device).
+  void set_master_range(int64_t begin, const Tensor& values);
+  // Bytes the master weights and their compute copies take on the model's device (the flat
+  // buffers): 4 a parameter in fp32 models (the copy is the master) and in bf16 models (2 + 2
+  // halves; kept whole with a separate copy they would take 4 + 2), 8 in fp64 models.
+  int64_t weight_bytes() const;
 
  private:
   struct LayerCache;
@@ -317,7 +353,7 @@ class Transformer {
   Device device_;
   int64_t parameter_alignment_;
   std::vector<Parameter> params_;
-  Tensor flat_master_, flat_grad_, flat_compute_;
+  Tensor flat_master_, flat_master_lo_, flat_grad_, flat_compute_;
   std::unique_ptr<Weights> w_;
   nn::RopeTable rope_;
   StepProfile* profile_ = nullptr;

@@ -46,7 +46,7 @@ struct Transformer::LayerCache {
 // `rows` rows (its backward is two such), and the bytes of `tensors` tensors shaped like `like`
 // (an elementwise op moves each tensor it reads or writes once).
 inline double gemm_flops(int64_t rows, const Parameter* w) {
-  return 2.0 * static_cast<double>(rows) * static_cast<double>(w->master.numel());
+  return 2.0 * static_cast<double>(rows) * static_cast<double>(w->numel());
 }
 
 inline double traffic(const Tensor& like, int tensors) {

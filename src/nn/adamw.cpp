@@ -16,15 +16,19 @@
 // deterministic two-stage fp64 reduction for the norm.
 //
 // adamw_update_all (the trainer's step over every parameter): on the CPU the per-tensor update
-// and compute.copy_from(master) in a loop; on CUDA one multi-tensor kernel launch for all
-// tensors that also writes the compute copies (see adamw.cu), bit-identical to the loop.
+// and write_compute_copy in a loop, and for split masters (core/f32_halves.h) the same update of
+// each element between joining its halves and splitting it again; on CUDA one multi-tensor
+// kernel launch for all tensors that also writes the compute copies (see adamw.cu),
+// bit-identical to the loop.
 #include "nn/adamw.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <string>
 #include <vector>
 
+#include "core/f32_halves.h"
 #include "nn/checks.h"
 #ifdef FLASHTRAIN_WITH_CUDA
 #include "nn/cuda/cuda_layers.h"
@@ -67,15 +71,31 @@ AdamScalars<T> adam_scalars(double lr, const AdamWConfig& cfg, int64_t step, dou
 }
 
 template <class T>
+inline void adamw_element(T& p, T grad, T& m, T& v, const AdamScalars<T>& s) {
+  const T g = grad * s.grad_scale;
+  m += s.one_minus_b1 * (g - m);
+  v = v * s.b2 + s.one_minus_b2 * g * g;
+  const T denom = std::sqrt(v) / s.bc2_sqrt + s.eps;
+  p *= s.decay_mul;
+  p += (s.neg_step_size * m) / denom;  // torch's addcdiv order
+}
+
+template <class T>
 void adamw_kernel(T* p, const T* grad, T* m, T* v, int64_t n, const AdamScalars<T>& s) {
 #pragma omp parallel for schedule(static) if (n >= detail::kParallelMinWork)
+  for (int64_t i = 0; i < n; ++i) adamw_element(p[i], grad[i], m[i], v[i], s);
+}
+
+// The update of a split master: each element's halves joined, updated, split again.
+void adamw_split_kernel(bf16* hi, int16_t* lo, const float* grad, float* m, float* v, int64_t n,
+                        const AdamScalars<float>& s) {
+#pragma omp parallel for schedule(static) if (n >= detail::kParallelMinWork)
   for (int64_t i = 0; i < n; ++i) {
-    const T g = grad[i] * s.grad_scale;
-    m[i] += s.one_minus_b1 * (g - m[i]);
-    v[i] = v[i] * s.b2 + s.one_minus_b2 * g * g;
-    const T denom = std::sqrt(v[i]) / s.bc2_sqrt + s.eps;
-    p[i] *= s.decay_mul;
-    p[i] += (s.neg_step_size * m[i]) / denom;  // torch's addcdiv order
+    auto p = std::bit_cast<float>(join_f32_bits(hi[i].bits, lo[i]));
+    adamw_element(p, grad[i], m[i], v[i], s);
+    const F32Halves h = split_f32_bits(std::bit_cast<uint32_t>(p));
+    hi[i] = bf16::from_bits(h.hi);
+    lo[i] = h.lo;
   }
 }
 
@@ -131,18 +151,49 @@ cuda::AdamWScalars cuda_scalars(double lr, const AdamWConfig& cfg, int64_t step,
 }
 #endif
 
+bool is_split(const AdamWTensor& t) {
+  return t.master_lo.defined();
+}
+
 bool has_own_compute(const AdamWTensor& t) {
-  return t.compute.defined() && t.compute.raw() != t.master.raw();
+  return !is_split(t) && t.compute.defined() && t.compute.raw() != t.master.raw();
+}
+
+// A split master's halves and state: compute bf16, master_lo int16, grad, m and v fp32, one
+// shape, on `device`.
+void check_split(const AdamWTensor& t, Device device, const std::string& name, double lr,
+                 const AdamWConfig& cfg, int64_t step, double grad_scale) {
+  constexpr const char* fn = "adamw_update_all";
+  FT_CHECK(!t.master.defined(), fn, ": ", name,
+           " has a master and a low half; a split master is its halves alone");
+  FT_CHECK(
+      t.compute.defined() && t.compute.dtype() == DType::bf16 && t.master_lo.dtype() == DType::i16,
+      fn, ": ", name, " is split: its halves must be bf16 (compute) and int16 (master_lo)");
+  detail::check_on(t.master_lo, device, fn, (name + " master_lo").c_str());
+  detail::check_on(t.compute, device, fn, (name + " compute").c_str());
+  FT_CHECK(t.compute.shape() == t.master_lo.shape(), fn, ": ", name, " compute ",
+           shape_str(t.compute.shape()), " does not match master_lo ",
+           shape_str(t.master_lo.shape()));
+  FT_CHECK(t.grad.defined() && t.grad.dtype() == DType::f32, fn, ": ", name,
+           " is split: grad must be fp32");
+  // The update's checks, with the gradient standing in for the master it shapes.
+  check_update(t.grad, t.grad, t.m, t.v, lr, cfg, step, grad_scale);
+  FT_CHECK(t.grad.shape() == t.compute.shape(), fn, ": ", name, " grad ", shape_str(t.grad.shape()),
+           " does not match compute ", shape_str(t.compute.shape()));
 }
 
 // The arguments of adamw_update_all (tensors not empty); returns their device.
 Device check_all(const std::vector<AdamWTensor>& tensors, double lr, const AdamWConfig& cfg,
                  int64_t step, double grad_scale) {
   constexpr const char* fn = "adamw_update_all";
-  const Device device = detail::call_device(tensors[0].master, fn, "master of tensor 0");
+  const Device device = detail::call_device(tensors[0].grad, fn, "grad of tensor 0");
   for (size_t i = 0; i < tensors.size(); ++i) {
     const AdamWTensor& t = tensors[i];
     const std::string name = str("tensor ", i);
+    if (is_split(t)) {
+      check_split(t, device, name, lr, cfg, step, grad_scale);
+      continue;
+    }
     detail::check_on(t.master, device, fn, (name + " master").c_str());
     check_update(t.master, t.grad, t.m, t.v, lr, cfg, step, grad_scale);
     if (!has_own_compute(t)) continue;
@@ -184,9 +235,21 @@ void adamw_update_all(std::vector<AdamWTensor>& tensors, double lr, const AdamWC
   }
 #endif
   for (AdamWTensor& t : tensors) {
+    if (is_split(t)) {
+      adamw_split_kernel(t.compute.data<bf16>(), t.master_lo.data<int16_t>(), t.grad.data<float>(),
+                         t.m.data<float>(), t.v.data<float>(), t.grad.numel(),
+                         adam_scalars<float>(lr, cfg, step, grad_scale, t.decay));
+      continue;
+    }
     adamw_update(t.master, t.grad, t.m, t.v, lr, cfg, step, grad_scale, t.decay);
-    if (has_own_compute(t)) t.compute.copy_from(t.master);
+    if (has_own_compute(t)) write_compute_copy(t.compute, t.master);
   }
+}
+
+void write_compute_copy(Tensor& compute, const Tensor& master) {
+  if (compute.dtype() != DType::bf16) return compute.copy_from(master);
+  Tensor no_low_half;
+  split_f32(compute, no_low_half, master.dtype() == DType::f32 ? master : master.to(DType::f32));
 }
 
 double clip_scale(double norm, double max_norm) {
@@ -201,7 +264,7 @@ void adamw_update_all(std::vector<AdamWTensor>& tensors, double lr, const AdamWC
            norm.defined() ? str(dtype_name(norm.dtype()), " ", shape_str(norm.shape()))
                           : std::string("none"));
   if (tensors.empty()) return;
-  detail::check_on(norm, tensors[0].master.device(), fn, "norm");
+  detail::check_on(norm, tensors[0].grad.device(), fn, "norm");
 #ifdef FLASHTRAIN_WITH_CUDA
   if (norm.device() == Device::cuda) {
     check_all(tensors, lr, cfg, step, 1.0);  // grad_scale is formed on the device

@@ -19,20 +19,35 @@ struct AdamWConfig {
 void adamw_update(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, double lr,
                   const AdamWConfig& cfg, int64_t step, double grad_scale, bool decay);
 
-// One parameter tensor for adamw_update_all: the arguments of adamw_update, plus an optional
-// compute copy (e.g. bf16) that is refreshed from the updated master, as
-// models::Parameter::sync_compute does. An undefined compute, or one sharing master's memory,
-// is skipped.
+// One parameter tensor for adamw_update_all, in one of two forms:
+// - whole: the arguments of adamw_update, plus an optional compute copy that is refreshed from
+//   the updated master (write_compute_copy). An undefined compute, or one sharing master's
+//   memory, is skipped.
+// - split (master_lo defined, master undefined): an fp32 master kept as two 16-bit halves
+//   (core/f32_halves.h), compute (bf16) the high half and master_lo (int16) the low half, as a
+//   bf16 model keeps its masters (models::Parameter). Each element is joined, updated and split
+//   again, so the compute copy is the master's own high half and needs no refresh. grad, m and
+//   v are fp32.
+// The two forms give the same masters, moments and compute copies bit for bit (the whole form
+// is the split one's slow twin), except that a NaN master may end with another NaN payload.
 struct AdamWTensor {
   Tensor master, grad, m, v;
   bool decay = false;
   Tensor compute;
+  // {}: a whole tensor's braced initialiser may end at compute (no missing-initialiser warning).
+  Tensor master_lo{};
 };
 
+// What adamw_update_all writes into the compute copy of a whole master: a bf16 copy is the high
+// half of the master split in two (ties away from zero, core/f32_halves.h; an fp64 master is
+// rounded to fp32 first), so that it equals the compute copy of a split master; another dtype
+// is converted (Tensor::copy_from).
+void write_compute_copy(Tensor& compute, const Tensor& master);
+
 // adamw_update over every tensor with one lr, step and grad_scale, then the compute copies.
-// Equal bit for bit to adamw_update per tensor followed by compute.copy_from(master). CUDA: one
-// kernel launch for all tensors (fp32 masters; compute copies fp32 or bf16). All tensors on one
-// device.
+// Equal bit for bit to adamw_update per tensor followed by write_compute_copy (split tensors:
+// join, adamw_update, split_f32). CUDA: one kernel launch for all tensors (fp32 masters, whole
+// or split; compute copies fp32 or bf16). All tensors on one device.
 void adamw_update_all(std::vector<AdamWTensor>& tensors, double lr, const AdamWConfig& cfg,
                       int64_t step, double grad_scale);
 

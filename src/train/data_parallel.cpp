@@ -14,16 +14,26 @@ double to_mb(int64_t bytes) {
 
 std::vector<dist::ParamRange> ranges_of(const models::Transformer& model) {
   std::vector<dist::ParamRange> ranges;
-  for (const models::Parameter& p : model.parameters())
-    ranges.push_back({p.offset, p.master.numel()});
+  for (const models::Parameter& p : model.parameters()) ranges.push_back({p.offset, p.numel()});
   return ranges;
 }
 
-// What AdamW moves per element: master, m and v read and written, the gradient read twice (its
-// norm, then the update), and the compute copy written when it is a copy of its own.
-double optimizer_bytes(const Tensor& masters, const Tensor& compute) {
-  const bool own_compute = compute.raw() != masters.raw();
-  return static_cast<double>(8 * masters.nbytes() + (own_compute ? compute.nbytes() : 0));
+// What AdamW moves per element: m and v read and written, the gradient read twice (its norm,
+// then the update), and the weights read and written: the master, which is the compute copy
+// in fp32, or both halves of a split master in bf16 (the compute copy one of them: 4 bytes,
+// where a whole fp32 master with a bf16 copy of its own moved 4 + 4 + 2).
+double optimizer_bytes(const models::Transformer& model) {
+  return static_cast<double>(6 * model.flat_grads().nbytes()) +
+         2.0 * static_cast<double>(model.weight_bytes());
+}
+
+// Elements [begin, end) of the model's flat buffers as one tensor of an AdamW update, with
+// moments m and v.
+nn::AdamWTensor adamw_range(const models::Transformer& model, int64_t begin, int64_t end,
+                            const Tensor& m, const Tensor& v, bool decay) {
+  auto range = [&](const Tensor& flat) { return flat.defined() ? flat.slice(begin, end) : flat; };
+  return {range(model.flat_masters()), range(model.flat_grads()),    m, v, decay,
+          range(model.flat_compute()), range(model.flat_master_lo())};
 }
 
 // A parameter's flat view: its elements [begin, end) of the flat buffers.
@@ -90,19 +100,16 @@ OptimizerStep DataParallel::step(int64_t step, double lr) {
     region.leave();
     return sharded_step(step, lr);
   }
-  region.enter(models::OpFamily::optimizer,
-               optimizer_bytes(model_.flat_masters(), model_.flat_compute()));
+  region.enter(models::OpFamily::optimizer, optimizer_bytes(model_));
   return optimizer_.step(step, lr);
 }
 
 OptimizerStep DataParallel::sharded_step(int64_t step, double lr) {
-  const Tensor& masters = model_.flat_masters();
   const Tensor& grads = model_.flat_grads();
   const Tensor& compute = model_.flat_compute();
-  const bool own_compute = compute.raw() != masters.raw();
   // This rank's share of the update: its chunks, about 1 / ranks of every buffer.
   models::ProfileRegion region(model_.profile(), models::OpFamily::optimizer,
-                               optimizer_bytes(masters, compute) / comm_.size());
+                               optimizer_bytes(model_) / comm_.size());
   std::vector<Tensor> shard_grads;
   for (const dist::ShardSlice& s : slices_) shard_grads.push_back(grads.slice(s.begin, s.end));
   const double mine = shard_grads.empty() ? 0.0 : nn::global_grad_norm(shard_grads);
@@ -118,14 +125,14 @@ OptimizerStep DataParallel::sharded_step(int64_t step, double lr) {
   const std::vector<models::Parameter>& params = model_.parameters();
   for (const dist::ShardSlice& s : slices_) {
     const int64_t n = s.end - s.begin;
-    update.push_back({masters.slice(s.begin, s.end), grads.slice(s.begin, s.end),
-                      shard_m_.slice(s.shard_offset, s.shard_offset + n),
-                      shard_v_.slice(s.shard_offset, s.shard_offset + n), params[s.param].decay,
-                      own_compute ? compute.slice(s.begin, s.end) : Tensor()});
+    update.push_back(
+        adamw_range(model_, s.begin, s.end, shard_m_.slice(s.shard_offset, s.shard_offset + n),
+                    shard_v_.slice(s.shard_offset, s.shard_offset + n), params[s.param].decay));
   }
   nn::adamw_update_all(update, lr, adamw_, step, r.grad_scale());
   region.enter(models::OpFamily::all_reduce, static_cast<double>(compute.nbytes()));
-  // The weights every rank reads: bf16 compute copies, or the fp32 masters themselves.
+  // The weights every rank reads: bf16 compute copies (the high halves of the split masters;
+  // the low halves stay with the rank that updated them), or the fp32 masters themselves.
   for (const dist::Bucket& b : reducer_->buckets()) comm_.all_gather(compute.slice(b.begin, b.end));
   comm_.wait();
   return r;
@@ -134,8 +141,8 @@ OptimizerStep DataParallel::sharded_step(int64_t step, double lr) {
 void DataParallel::before_load_state() {
   if (!sharded()) return;
   for (models::Parameter& p : model_.parameters()) {
-    p.m = Tensor::zeros(p.master.shape(), p.master.dtype());
-    p.v = Tensor::zeros(p.master.shape(), p.master.dtype());
+    p.m = Tensor::zeros(p.shape(), p.master_dtype());
+    p.v = Tensor::zeros(p.shape(), p.master_dtype());
   }
 }
 
@@ -161,7 +168,7 @@ void DataParallel::gather_state_on_root() {
   Tensor masters = Tensor::zeros({n}, dtype);
   for (const dist::ShardSlice& s : slices_) {
     Tensor dst = masters.slice(s.shard_offset, s.shard_offset + (s.end - s.begin));
-    dst.copy_from(model_.flat_masters().slice(s.begin, s.end));
+    dst.copy_from(model_.master_range(s.begin, s.end, Device::cpu));
   }
   const Tensor m = shard_m_.to(Device::cpu), v = shard_v_.to(Device::cpu);
   const bool root = comm_.is_root();
@@ -174,15 +181,15 @@ void DataParallel::gather_state_on_root() {
   if (!root) return;
   std::vector<models::Parameter>& params = model_.parameters();
   for (models::Parameter& p : params) {
-    p.m = Tensor::zeros(p.master.shape(), dtype);
-    p.v = Tensor::zeros(p.master.shape(), dtype);
+    p.m = Tensor::zeros(p.shape(), dtype);
+    p.v = Tensor::zeros(p.shape(), dtype);
   }
   for (int r = 0; r < comm_.size(); ++r) {
     for (const dist::ShardSlice& s :
          dist::shard_slices(reducer_->buckets(), ranges_, r, comm_.size())) {
       models::Parameter& p = params[s.param];
       const int64_t at = r * n + s.shard_offset, len = s.end - s.begin;
-      piece(p.master, p.offset, s.begin, s.end).copy_from(all_masters.slice(at, at + len));
+      model_.set_master_range(s.begin, all_masters.slice(at, at + len));
       piece(p.m, p.offset, s.begin, s.end).copy_from(all_m.slice(at, at + len));
       piece(p.v, p.offset, s.begin, s.end).copy_from(all_v.slice(at, at + len));
     }

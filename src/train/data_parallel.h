@@ -8,10 +8,11 @@
 // each bucket is reduce-scattered, so rank r holds the summed gradients of chunk r of every
 // bucket; it keeps the AdamW moments of those chunks only (1/N of them), updates its chunks'
 // master weights and compute copies, and an all-gather per bucket brings every rank the
-// weights the others updated (the compute copies, bf16 in a bf16 run; the fp32 masters, which
-// are the compute copies, in an fp32 run). The gradient norm for clipping sums the ranks'
-// shares. Master weights outside a rank's chunks are not kept up to date in a bf16 run: saving
-// gathers them, with the moments, on rank 0.
+// weights the others updated (the compute copies: in a bf16 run the bf16 high halves of the
+// split masters, models::Parameter; in an fp32 run the fp32 masters, which are the compute
+// copies). The gradient norm for clipping sums the ranks' shares. The low halves of the master
+// weights outside a rank's chunks are not kept up to date in a bf16 run: saving gathers the
+// masters, with the moments, on rank 0.
 //
 // Gradients are averaged by the loss scale (each micro-batch's backward is scaled by 1 / the
 // micro-batches of the whole step) and summed over the ranks, so the update is the one a

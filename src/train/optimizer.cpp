@@ -36,10 +36,10 @@ OptimizerStep Optimizer::step(int64_t step, double lr) {
   r.max_norm = grad_clip_;
   std::vector<nn::AdamWTensor> update;
   for (models::Parameter& p : model_.parameters()) {
-    const Device device = p.master.device();
-    if (!p.m.defined()) p.m = Tensor::zeros(p.master.shape(), p.master.dtype(), device);
-    if (!p.v.defined()) p.v = Tensor::zeros(p.master.shape(), p.master.dtype(), device);
-    update.push_back({p.master, p.grad, p.m, p.v, p.decay, p.compute});
+    const Device device = p.grad.device();
+    if (!p.m.defined()) p.m = Tensor::zeros(p.shape(), p.master_dtype(), device);
+    if (!p.v.defined()) p.v = Tensor::zeros(p.shape(), p.master_dtype(), device);
+    update.push_back({p.master, p.grad, p.m, p.v, p.decay, p.compute, p.master_lo});
   }
   set_step(step, lr);
   nn::adamw_update_all(update, step_values_, adamw_, r.norm, grad_clip_);

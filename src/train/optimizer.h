@@ -3,9 +3,10 @@
 // the global gradient norm (nn::global_grad_norm_tensor: fp64, independent of the thread count,
 // left on the device), clipping to grad_clip (scale = grad_clip / norm when the norm is larger,
 // formed where the norm is), then AdamW over every parameter in one nn::adamw_update_all call
-// (one multi-tensor kernel on the GPU), which also refreshes the compute copies (bf16 weights). The
-// moments live in the model's Parameters, so the resume state saves and restores them; they are
-// allocated, zero, on the first step.
+// (one multi-tensor kernel on the GPU), which also writes the compute copies (a bf16 model's are
+// the high halves of its split masters, updated with them). The moments live in the model's
+// Parameters, so the resume state saves and restores them; they are allocated, zero, on the
+// first step.
 #pragma once
 
 #include <cstdint>

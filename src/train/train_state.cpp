@@ -15,8 +15,8 @@ constexpr char kMagic[8] = {'F', 'T', 'S', 'T', 'A', 'T', 'E', '2'};
 constexpr char kMagicFormat1[8] = {'F', 'T', 'S', 'T', 'A', 'T', 'E', '1'};
 
 void ensure_moments(models::Parameter& p) {
-  if (!p.m.defined()) p.m = Tensor::zeros(p.master.shape(), p.master.dtype(), p.master.device());
-  if (!p.v.defined()) p.v = Tensor::zeros(p.master.shape(), p.master.dtype(), p.master.device());
+  if (!p.m.defined()) p.m = Tensor::zeros(p.shape(), p.master_dtype(), p.grad.device());
+  if (!p.v.defined()) p.v = Tensor::zeros(p.shape(), p.master_dtype(), p.grad.device());
 }
 
 // The header's fields have the types the readers take, so that a corrupt header is an ft::Error
@@ -89,7 +89,7 @@ void save_train_state(const std::string& path, const models::Transformer& model,
                       {"epoch", state.loader.epoch}};
   header["master_dtype"] = dtype_name(model.master_dtype());
   for (const models::Parameter& p : model.parameters())
-    header["params"].push_back({{"name", p.name}, {"shape", p.master.shape()}});
+    header["params"].push_back({{"name", p.name}, {"shape", p.shape()}});
   const std::string text = header.dump();
   const uint64_t length = text.size();
 
@@ -100,8 +100,9 @@ void save_train_state(const std::string& path, const models::Transformer& model,
   for (const models::Parameter& p : model.parameters()) {
     models::Parameter& q = const_cast<models::Parameter&>(p);
     ensure_moments(q);
-    for (const Tensor* t : {&q.master, &q.m, &q.v}) {
-      const Tensor host = t->to(Device::cpu);
+    // Whole fp32 masters, also where the model keeps them split: the format does not change.
+    for (const Tensor& host :
+         {q.master_weights(Device::cpu), q.m.to(Device::cpu), q.v.to(Device::cpu)}) {
       file.write(host.raw(), host.nbytes());
     }
   }
@@ -141,17 +142,19 @@ void load_train_state(const std::string& path, models::Transformer& model) {
   for (size_t i = 0; i < params.size(); ++i) {
     models::Parameter& p = model.parameters()[i];
     FT_CHECK(params[i].value("name", "") == p.name && params[i].contains("shape") &&
-                 params[i]["shape"] == p.master.shape(),
+                 params[i]["shape"] == p.shape(),
              path, ": parameter ", i, " is ", params[i].dump(), ", the model has ", p.name, " ",
-             shape_str(p.master.shape()));
+             shape_str(p.shape()));
     ensure_moments(p);
-    for (Tensor* t : {&p.master, &p.m, &p.v}) {
-      Tensor host = Tensor::empty(t->shape(), t->dtype());
+    auto read = [&]() {
+      Tensor host = Tensor::empty(p.shape(), p.master_dtype());
       in.read(static_cast<char*>(host.raw()), static_cast<std::streamsize>(host.nbytes()));
       FT_CHECK(in.good(), path, ": truncated resume state (in ", p.name, ")");
-      t->copy_from(host);
-    }
-    p.sync_compute();
+      return host;
+    };
+    p.set_master_weights(read());
+    p.m.copy_from(read());
+    p.v.copy_from(read());
   }
   in.peek();
   FT_CHECK(in.eof(), path, ": resume state has trailing bytes (not written for this model)");

@@ -5,7 +5,8 @@
 //
 // Format 2: 8-byte magic "FTSTATE2", uint64 length of a JSON header, the JSON header (step,
 // loader position, run record, master dtype, parameter names and shapes), then for each
-// parameter its master weights, first and second moments, raw, in the master dtype.
+// parameter its master weights, first and second moments, raw, in the master dtype (whole fp32
+// masters, also from a bf16 model, which keeps them split in two halves: models::Parameter).
 // Format 1 ("FTSTATE1", which recorded only a fingerprint of the model and batch layout) is
 // refused with a message saying so: it does not say which schedule, seed or data made it.
 #pragma once
@@ -35,7 +36,7 @@ void save_train_state(const std::string& path, const models::Transformer& model,
 // it is missing, not a state file, of another format version, or truncated.
 TrainState read_train_state(const std::string& path);
 
-// Loads master weights and moments into model (and refreshes its compute copies); throws
+// Loads master weights and moments into model (and with them its compute copies); throws
 // ft::Error naming the file when its parameters are not the model's or it is truncated.
 void load_train_state(const std::string& path, models::Transformer& model);
 

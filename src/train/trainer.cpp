@@ -765,6 +765,12 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
         << " rows; the whole micro-batch's: " << to_mb(logits_bytes(mc, c.dtype, micro_rows))
         << " MB)";
   }
+  out << "; the weights " << to_mb(model.weight_bytes()) << " MB";
+  if (model.split_masters()) {
+    // A separate bf16 copy would take what the high halves take.
+    out << " (fp32 masters in two halves, the high one the bf16 copy: "
+        << to_mb(static_cast<int64_t>(model.flat_compute().nbytes())) << " MB less)";
+  }
   if (run_peak_used > 0) {
     out << "; peak used " << to_mb(run_peak_used) << " MB over the run, " << to_mb(timed_peak_used)
         << " MB over the timed steps";
@@ -789,6 +795,7 @@ TrainSummary train(const TrainConfig& c, std::ostream& all_out) {
              {"tok_per_s", summary.tokens_per_second},
              {"mean_step_ms", summary.mean_step_ms},
              {"activations_saved_mb", to_mb(kept_bytes)},
+             {"weights_mb", to_mb(model.weight_bytes())},
              {"run_peak_used_mb", to_mb(run_peak_used)},
              {"timed_peak_used_mb", to_mb(timed_peak_used)}});
   if (interrupted) {

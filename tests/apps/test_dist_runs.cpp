@@ -162,39 +162,45 @@ TEST(DistTrain, WorldOfOneIsTheSingleProcessRun) {
   EXPECT_EQ(losses_of(world).train, losses_of(one).train);
 }
 
-// ZeRO-1 saves gather the whole state on rank 0: resuming at 2 ranks continues bit for bit;
-// one process may resume it too (the same micro-batches per step, summed in another order).
+// ZeRO-1 saves gather the whole state on rank 0: resuming at 2 ranks continues bit for bit, in
+// fp32 and in bf16 (whose masters are split in two halves, the low ones current only on the
+// rank that updates them); one process may resume an fp32 state too (the same micro-batches per
+// step, summed in another order).
 TEST(DistTrain, ResumeOfTwoRanksIsBitIdentical) {
   SKIP_WITHOUT_MPIRUN();
-  test::TempDir dir;
-  const std::string args =
-      "train --device cpu --batch-size 2 --seq-len 16 --total-batch-size 64 "
-      "--lr-schedule constant --warmup 2 --shuffle --val-data '' "
-      "--sample-tokens 0 --bucket-mb 1 ";
-  const std::string whole = dir.file("whole.jsonl"), part = dir.file("part.jsonl");
-  const std::string ckpt = dir.file("ck.bin"), single = dir.file("single.jsonl");
-  test::CommandResult r =
-      run(test::mpirun(2) + cli() + " " + args + "--zero 1 --steps 8 --log " + whole);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  r = run(test::mpirun(2) + cli() + " " + args + "--zero 1 --steps 4 --save " + ckpt + " --log " +
-          part);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  std::filesystem::copy_file(ckpt, ckpt + ".one");
-  std::filesystem::copy_file(ckpt + ".state", ckpt + ".one.state");
-  std::filesystem::copy_file(part, single);
-  r = run(test::mpirun(2) + cli() + " " + args + "--zero 1 --steps 8 --resume " + ckpt + " --log " +
-          part);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::vector<double> expected = losses_of(whole).train;
-  EXPECT_EQ(losses_of(part).train, expected) << "the resumed 2-rank run differs";
+  for (const std::string dtype : {"fp32", "bf16"}) {
+    SCOPED_TRACE(dtype);
+    test::TempDir dir;
+    const std::string args = "train --device cpu --dtype " + dtype +
+                             " --batch-size 2 --seq-len 16 --total-batch-size 64 "
+                             "--lr-schedule constant --warmup 2 --shuffle --val-data '' "
+                             "--sample-tokens 0 --bucket-mb 1 ";
+    const std::string whole = dir.file("whole.jsonl"), part = dir.file("part.jsonl");
+    const std::string ckpt = dir.file("ck.bin"), single = dir.file("single.jsonl");
+    test::CommandResult r =
+        run(test::mpirun(2) + cli() + " " + args + "--zero 1 --steps 8 --log " + whole);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = run(test::mpirun(2) + cli() + " " + args + "--zero 1 --steps 4 --save " + ckpt + " --log " +
+            part);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::filesystem::copy_file(ckpt, ckpt + ".one");
+    std::filesystem::copy_file(ckpt + ".state", ckpt + ".one.state");
+    std::filesystem::copy_file(part, single);
+    r = run(test::mpirun(2) + cli() + " " + args + "--zero 1 --steps 8 --resume " + ckpt +
+            " --log " + part);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::vector<double> expected = losses_of(whole).train;
+    EXPECT_EQ(losses_of(part).train, expected) << "the resumed 2-rank run differs";
+    if (dtype != "fp32") continue;
 
-  r = run("OMP_NUM_THREADS=1 " + cli() + " " + args + "--steps 8 --resume " + ckpt + ".one" +
-          " --log " + single);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("world_size: 2 -> 1"), std::string::npos) << r.output;
-  const double d = max_diff(losses_of(single).train, expected);
-  std::printf("one process resuming a 2-rank ZeRO-1 state: max loss difference %.3g\n", d);
-  EXPECT_LT(d, 1e-5);
+    r = run("OMP_NUM_THREADS=1 " + cli() + " " + args + "--steps 8 --resume " + ckpt + ".one" +
+            " --log " + single);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("world_size: 2 -> 1"), std::string::npos) << r.output;
+    const double d = max_diff(losses_of(single).train, expected);
+    std::printf("one process resuming a 2-rank ZeRO-1 state: max loss difference %.3g\n", d);
+    EXPECT_LT(d, 1e-5);
+  }
 }
 
 TEST(DistTrain, AWorldSizeThatDoesNotDivideTheBatchIsRefused) {

@@ -46,10 +46,10 @@ std::string checkpoint(const test::TempDir& dir, const std::string& name, double
   if (spread > 0) {
     Rng rng(8);
     for (models::Parameter& p : model.parameters()) {
-      Tensor host = Tensor::empty(p.master.shape(), p.master.dtype());
+      Tensor host = Tensor::empty(p.shape(), p.master_dtype());
       const bool norm = p.name.find("norm") != std::string::npos;
       fill_normal(host, rng, norm ? 1.0 : 0.0, norm ? spread / 3 : spread);
-      p.master.copy_from(host);
+      p.set_master_weights(host);
     }
   }
   const std::string path = dir.file(name + ".bin");

@@ -276,9 +276,9 @@ int64_t check_pair(const std::string& path) {
   models::Transformer from_state(models::read_checkpoint_config(path), DType::f32, {});
   train::load_train_state(path + ".state", from_state);
   for (size_t i = 0; i < from_state.parameters().size(); ++i) {
-    EXPECT_EQ(
-        max_abs_diff(from_checkpoint.parameters()[i].master, from_state.parameters()[i].master),
-        0.0)
+    EXPECT_EQ(max_abs_diff(from_checkpoint.parameters()[i].master_weights(),
+                           from_state.parameters()[i].master_weights()),
+              0.0)
         << from_state.parameters()[i].name << ": checkpoint and state from different steps";
   }
   return train::read_train_state(path + ".state").step;

@@ -67,10 +67,11 @@ Tensor random_tokens(int64_t B, int64_t T, int64_t vocab, Rng& rng) {
 void adamw_step(Transformer& m, int64_t step) {
   nn::AdamWConfig cfg;
   for (Parameter& p : m.parameters()) {
-    if (!p.m.defined()) p.m = Tensor::zeros(p.master.shape(), p.master.dtype(), p.master.device());
-    if (!p.v.defined()) p.v = Tensor::zeros(p.master.shape(), p.master.dtype(), p.master.device());
-    nn::adamw_update(p.master, p.grad, p.m, p.v, 1e-3, cfg, step, 1.0, p.decay);
-    p.sync_compute();
+    if (!p.m.defined()) p.m = Tensor::zeros(p.shape(), p.master_dtype(), p.grad.device());
+    if (!p.v.defined()) p.v = Tensor::zeros(p.shape(), p.master_dtype(), p.grad.device());
+    Tensor master = p.master_weights();
+    nn::adamw_update(master, p.grad, p.m, p.v, 1e-3, cfg, step, 1.0, p.decay);
+    p.set_master_weights(master);
   }
 }
 

@@ -90,13 +90,14 @@ Trace train(const ModelConfig& config, DType dtype, Device device, const StepSet
     trace.losses.push_back(loss);
     trace.grads.push_back(model.flat_grads().to(Device::cpu));
     for (Parameter& p : model.parameters()) {
-      if (!p.m.defined()) p.m = Tensor::zeros(p.master.shape(), p.master.dtype(), device);
-      if (!p.v.defined()) p.v = Tensor::zeros(p.master.shape(), p.master.dtype(), device);
-      nn::adamw_update(p.master, p.grad, p.m, p.v, 1e-2, adamw, step, 1.0, p.decay);
-      p.sync_compute();
+      if (!p.m.defined()) p.m = Tensor::zeros(p.shape(), p.master_dtype(), device);
+      if (!p.v.defined()) p.v = Tensor::zeros(p.shape(), p.master_dtype(), device);
+      Tensor master = p.master_weights();
+      nn::adamw_update(master, p.grad, p.m, p.v, 1e-2, adamw, step, 1.0, p.decay);
+      p.set_master_weights(master);
     }
   }
-  trace.weights = model.flat_masters().to(Device::cpu);
+  trace.weights = model.master_range(0, model.flat_grads().numel(), Device::cpu);
   trace.zeroed_bytes = model.zeroed_grad_bytes();
   return trace;
 }

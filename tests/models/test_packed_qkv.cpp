@@ -72,12 +72,11 @@ Trace train_steps(const ModelConfig& config, DType dtype, AttentionSettings sett
     trace.losses.push_back(loss);
     trace.grads.push_back(model.flat_grads().clone());
     for (Parameter& p : model.parameters()) {
-      const Tensor g = p.grad.to(DType::f64), w = p.master.to(DType::f64);
+      const Tensor g = p.grad.to(DType::f64), w = p.master_weights().to(DType::f64);
       Tensor updated = Tensor::empty(w.shape(), DType::f64);
       for (int64_t i = 0; i < w.numel(); ++i)
         updated.data<double>()[i] = w.data<double>()[i] - 0.05 * g.data<double>()[i];
-      p.master.copy_from(updated);
-      p.sync_compute();
+      p.set_master_weights(updated);
     }
   }
   return trace;

@@ -64,10 +64,11 @@ constexpr Masking kMaskings[] = {
 void adamw_step(Transformer& m, int64_t step) {
   const nn::AdamWConfig cfg;
   for (Parameter& p : m.parameters()) {
-    if (!p.m.defined()) p.m = Tensor::zeros(p.master.shape(), p.master.dtype());
-    if (!p.v.defined()) p.v = Tensor::zeros(p.master.shape(), p.master.dtype());
-    nn::adamw_update(p.master, p.grad, p.m, p.v, 1e-2, cfg, step, 1.0, p.decay);
-    p.sync_compute();
+    if (!p.m.defined()) p.m = Tensor::zeros(p.shape(), p.master_dtype());
+    if (!p.v.defined()) p.v = Tensor::zeros(p.shape(), p.master_dtype());
+    Tensor master = p.master_weights();
+    nn::adamw_update(master, p.grad, p.m, p.v, 1e-2, cfg, step, 1.0, p.decay);
+    p.set_master_weights(master);
   }
 }
 

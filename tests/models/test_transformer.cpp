@@ -161,13 +161,19 @@ TEST(Transformer, FlatBuffersAndGradientsReportedOnceInBackwardOrder) {
     model.init_weights(3);
     const std::vector<Parameter>& params = model.parameters();
     EXPECT_EQ(model.flat_grads().numel() % 96, 0);
+    // bf16: the fp32 masters split, the compute copy their high half.
+    EXPECT_TRUE(model.split_masters());
+    EXPECT_FALSE(model.flat_masters().defined());
+    EXPECT_EQ(model.flat_master_lo().numel(), model.flat_grads().numel());
+    EXPECT_EQ(model.flat_master_lo().dtype(), DType::i16);
     int64_t next = 0;
     for (const Parameter& p : params) {
       EXPECT_EQ(p.offset % 96, 0) << p.name;
       EXPECT_GE(p.offset, next) << p.name;
-      next = p.offset + p.master.numel();
+      next = p.offset + p.numel();
       EXPECT_EQ(p.grad.raw(), model.flat_grads().slice(p.offset, next).raw()) << p.name;
-      EXPECT_EQ(p.master.raw(), model.flat_masters().slice(p.offset, next).raw()) << p.name;
+      EXPECT_FALSE(p.master.defined()) << p.name;
+      EXPECT_EQ(p.master_lo.raw(), model.flat_master_lo().slice(p.offset, next).raw()) << p.name;
       EXPECT_EQ(p.compute.raw(), model.flat_compute().slice(p.offset, next).raw()) << p.name;
     }
     EXPECT_LE(next, model.flat_grads().numel());

@@ -3,16 +3,19 @@
 // add + norm forward, norm backward accumulating into the residual gradient, linear with the
 // cuBLASLt GELU epilogue (checked to be the TANH GELU, not erf, on inputs where the two differ
 // most) and the one-launch multi-tensor AdamW (bit for bit against the CPU, compute copies
-// included). GPU outputs are poisoned with NaN first. Skips without CUDA or a GPU.
+// included; split masters against whole ones with copies of their own, on both devices). GPU
+// outputs are poisoned with NaN first. Skips without CUDA or a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "core/device.h"
+#include "core/f32_halves.h"
 #include "cuda_test_util.h"
 #include "grad_check.h"
 #include "nn/adamw.h"
@@ -269,7 +272,9 @@ TEST(CudaFusedAdamW, UpdateAllMatchesCpuAndPerTensorBitForBit) {
     adamw_update_all(all, lr, cfg, step, scale);
     for (AdamWTensor& t : one) {
       adamw_update(t.master, t.grad, t.m, t.v, lr, cfg, step, scale, t.decay);
-      if (t.compute.defined() && t.compute.raw() != t.master.raw()) t.compute.copy_from(t.master);
+      if (t.compute.defined() && t.compute.raw() != t.master.raw()) {
+        write_compute_copy(t.compute, t.master);
+      }
     }
   }
   for (size_t i = 0; i < all.size(); ++i) {
@@ -282,6 +287,93 @@ TEST(CudaFusedAdamW, UpdateAllMatchesCpuAndPerTensorBitForBit) {
     if (all[i].compute.defined()) {
       expect_same_bits(all[i].compute, cpu[i].compute, at + "compute vs CPU");
       expect_same_bits(all[i].compute, one[i].compute, at + "compute vs per-tensor GPU");
+    }
+  }
+}
+
+// A copy of a whole tensor on `device`: in the split form (split: the master's halves as compute
+// and master_lo) or whole, its buffers `offset` elements into new allocations (1: not 16-byte
+// aligned, the element-wise path).
+AdamWTensor twin(const AdamWTensor& whole, Device device, bool split, int64_t offset) {
+  const int64_t n = whole.grad.numel();
+  auto place = [&](const Tensor& src, DType dtype) {
+    Tensor t = Tensor::empty({n + offset}, dtype, device).slice(offset, n + offset);
+    if (src.defined()) t.copy_from(src);
+    return t;
+  };
+  AdamWTensor t;
+  t.grad = place(whole.grad, DType::f32);
+  t.m = place(whole.m, DType::f32);
+  t.v = place(whole.v, DType::f32);
+  t.decay = whole.decay;
+  if (split) {
+    const Tensor master = whole.master.to(device);
+    t.compute = place(Tensor(), DType::bf16);
+    t.master_lo = place(Tensor(), DType::i16);
+    split_f32(t.compute, t.master_lo, master);
+  } else {
+    t.master = place(whole.master, DType::f32);
+    t.compute = place(whole.compute, DType::bf16);
+  }
+  return t;
+}
+
+// The fp32 masters of a tensor, whole or split, on the CPU.
+Tensor masters_of(const AdamWTensor& t) {
+  if (!t.master_lo.defined()) return host(t.master);
+  Tensor out = Tensor::empty(t.compute.shape(), DType::f32);
+  join_f32(out, host(t.compute), host(t.master_lo));
+  return out;
+}
+
+// Split masters (a bf16 model's) updated on the GPU (packed and element-wise) against whole ones
+// with bf16 copies of their own on the GPU and on the CPU: the same masters, moments and compute
+// copies bit for bit. Every 5th master starts as a tie (low 16 bits 0x8000) and the first step,
+// at lr 0, keeps the masters as they are, so the copies show the ties' rounding (away from
+// zero, the high half of a split master).
+TEST(CudaFusedAdamW, SplitMastersMatchWholeMastersAndTheCpuBitForBit) {
+  SKIP_WITHOUT_GPU();
+  const AdamWConfig cfg{0.9, 0.95, 1e-8, 0.1};
+  std::vector<AdamWTensor> base;
+  for (const AdamWTensor& t : adam_tensors(Device::cpu)) {
+    if (t.compute.defined() && t.compute.dtype() == DType::bf16) base.push_back(t);
+  }
+  std::vector<AdamWTensor> cpu, whole, split, split_unpacked;
+  for (AdamWTensor& t : base) {
+    auto* bits = static_cast<uint32_t*>(t.master.raw());
+    for (int64_t i = 0; i < t.master.numel(); i += 5) bits[i] = (bits[i] & 0xffff0000u) | 0x8000u;
+    cpu.push_back(twin(t, Device::cpu, false, 0));
+    whole.push_back(twin(t, Device::cuda, false, 0));
+    split.push_back(twin(t, Device::cuda, true, 0));
+    split_unpacked.push_back(twin(t, Device::cuda, true, 1));
+  }
+  for (int64_t step = 1; step <= 4; ++step) {
+    SCOPED_TRACE(str("step ", step));
+    const double lr = step == 1 ? 0.0 : 5e-4 * static_cast<double>(step);
+    const double scale = 1.0 / (1.0 + step);
+    for (std::vector<AdamWTensor>* set : {&cpu, &whole, &split, &split_unpacked}) {
+      adamw_update_all(*set, lr, cfg, step, scale);
+    }
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      if (cpu[i].grad.numel() == 0) continue;
+      const Tensor want = cpu[i].master;
+      for (const auto& [got, what] :
+           {std::pair{&whole[i], "whole GPU"}, std::pair{&split[i], "split GPU"},
+            std::pair{&split_unpacked[i], "split GPU, element-wise"}}) {
+        const std::string at = str("tensor ", i, " ", what, " ");
+        expect_same_bits(masters_of(*got), want, at + "master");
+        expect_same_bits(got->m, cpu[i].m, at + "m");
+        expect_same_bits(got->v, cpu[i].v, at + "v");
+        expect_same_bits(got->compute, cpu[i].compute, at + "compute");
+      }
+      if (step == 1) {
+        const auto* bits = static_cast<const uint32_t*>(want.raw());
+        const Tensor copy = host(split[i].compute);
+        for (int64_t e = 0; e < want.numel(); e += 5) {
+          EXPECT_EQ(copy.data<bf16>()[e].bits, (bits[e] + 0x8000u) >> 16)
+              << "tensor " << i << " element " << e;
+        }
+      }
     }
   }
 }

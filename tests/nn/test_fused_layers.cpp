@@ -2,18 +2,24 @@
 // finite differences: add + norm forward (add_layernorm_forward, add_rmsnorm_forward), norm
 // backward accumulating into the residual gradient (*norm_backward_add), linear + GELU
 // (linear_gelu_forward, and linear_gelu_backward through it) and the multi-tensor AdamW
-// (adamw_update_all). Each fused function does the same operations in the same order as its twin,
+// (adamw_update_all; on split masters against whole ones with compute copies of their own, the
+// rounding of those copies included). Each fused function does the same operations in the same
+// order as its twin,
 // so the results must be bit-identical in fp64, fp32 and bf16 (compared byte for byte). Outputs
 // start as NaN, so an element the fused kernel forgets to write fails (a NaN never equals the
 // twin's finite result). Also: aliasing that the API allows, and bad input.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
+#include "core/f32_halves.h"
 #include "grad_check.h"
 #include "nn/adamw.h"
 #include "nn/layers.h"
@@ -238,7 +244,7 @@ TEST(FusedAdamW, UpdateAllEqualsPerTensorUpdates) {
       for (AdamWTensor& t : one) {
         adamw_update(t.master, t.grad, t.m, t.v, lr, cfg, step, scale, t.decay);
         if (t.compute.defined() && t.compute.raw() != t.master.raw()) {
-          t.compute.copy_from(t.master);
+          write_compute_copy(t.compute, t.master);
         }
       }
     }
@@ -252,6 +258,106 @@ TEST(FusedAdamW, UpdateAllEqualsPerTensorUpdates) {
         expect_same_bits(all[i].compute, one[i].compute, at + "compute");
     }
   }
+}
+
+// The split form of a whole fp32 master with a bf16 compute copy: the master's halves in new
+// buffers (compute, master_lo), the rest of the state copied.
+AdamWTensor split_twin(const AdamWTensor& whole) {
+  AdamWTensor t;
+  t.grad = whole.grad.clone();
+  t.m = whole.m.clone();
+  t.v = whole.v.clone();
+  t.decay = whole.decay;
+  t.compute = Tensor::empty(whole.master.shape(), DType::bf16);
+  t.master_lo = Tensor::empty(whole.master.shape(), DType::i16);
+  split_f32(t.compute, t.master_lo, whole.master);
+  return t;
+}
+
+Tensor joined(const AdamWTensor& split) {
+  Tensor out = Tensor::empty(split.compute.shape(), DType::f32);
+  join_f32(out, split.compute, split.master_lo);
+  return out;
+}
+
+// Every 5th master's low 16 bits made a tie (0x8000): where a bf16 copy rounded to nearest even
+// and one rounded away from zero differ (when the high half is even).
+void put_ties(Tensor& master) {
+  auto* bits = static_cast<uint32_t*>(master.raw());
+  for (int64_t i = 0; i < master.numel(); i += 5) bits[i] = (bits[i] & 0xffff0000u) | 0x8000u;
+}
+
+// The compute copies of those ties rounded away from zero; returns how many of them nearest even
+// would have rounded the other way.
+int64_t expect_ties_rounded_away(const std::vector<AdamWTensor>& tensors) {
+  int64_t differ = 0;
+  for (const AdamWTensor& t : tensors) {
+    const Tensor master = t.master.to(Device::cpu), copy = t.compute.to(Device::cpu);
+    const auto* bits = static_cast<const uint32_t*>(master.raw());
+    for (int64_t i = 0; i < master.numel(); i += 5) {
+      EXPECT_EQ(copy.data<bf16>()[i].bits, (bits[i] + 0x8000u) >> 16) << i;
+      differ += copy.data<bf16>()[i].bits != bf16(master.data<float>()[i]).bits ? 1 : 0;
+    }
+  }
+  return differ;
+}
+
+// adamw_update_all on split masters (a bf16 model's) against whole masters with bf16 copies of
+// their own (the slow twin): the same masters, moments and compute copies bit for bit over
+// several steps. The first step, at lr 0, leaves every master as it was, so that the copies of
+// the ties show their rounding.
+TEST(FusedAdamW, SplitMastersEqualWholeMastersWithTheirCopies) {
+  const AdamWConfig cfg{0.9, 0.95, 1e-8, 0.1};
+  const std::vector<AdamCase> cases = {
+      {1000, true, 1}, {37, false, 1}, {70001, true, 1}, {0, true, 1}, {4, false, 1}};
+  std::vector<AdamWTensor> whole = adam_tensors(cases, DType::f32, Device::cpu, 400);
+  std::vector<AdamWTensor> split;
+  for (AdamWTensor& t : whole) {
+    put_ties(t.master);
+    split.push_back(split_twin(t));
+  }
+  for (int64_t step = 1; step <= 4; ++step) {
+    SCOPED_TRACE(str("step ", step));
+    const double lr = step == 1 ? 0.0 : 2e-3 * static_cast<double>(step), scale = 0.6 + 0.1 * step;
+    adamw_update_all(whole, lr, cfg, step, scale);
+    adamw_update_all(split, lr, cfg, step, scale);
+    if (step == 1) {
+      EXPECT_GT(expect_ties_rounded_away(whole), 100);
+    }
+    for (size_t i = 0; i < whole.size(); ++i) {
+      if (whole[i].master.numel() == 0) continue;
+      const std::string at = str("tensor ", i, " ");
+      expect_same_bits(joined(split[i]), whole[i].master, at + "master");
+      expect_same_bits(split[i].m, whole[i].m, at + "m");
+      expect_same_bits(split[i].v, whole[i].v, at + "v");
+      expect_same_bits(split[i].compute, whole[i].compute, at + "compute");
+    }
+  }
+}
+
+// Infinite masters stay infinite and NaN masters NaN through a split update, as through a whole
+// one (a NaN's payload may differ).
+TEST(FusedAdamW, SplitMastersKeepInfinitiesAndNaNs) {
+  std::vector<AdamWTensor> whole = adam_tensors({{8, true, 1}}, DType::f32, Device::cpu, 500);
+  float* p = whole[0].master.data<float>();
+  p[0] = std::numeric_limits<float>::infinity();
+  p[1] = -std::numeric_limits<float>::infinity();
+  p[2] = std::bit_cast<float>(0x7f800001u);  // a NaN whose payload is all in the low half
+  p[3] = std::bit_cast<float>(0xffffffffu);
+  std::vector<AdamWTensor> split = {split_twin(whole[0])};
+  adamw_update_all(whole, 1e-3, AdamWConfig{}, 1, 1.0);
+  adamw_update_all(split, 1e-3, AdamWConfig{}, 1, 1.0);
+  const Tensor got = joined(split[0]);
+  EXPECT_EQ(got.data<float>()[0], std::numeric_limits<float>::infinity());
+  EXPECT_EQ(got.data<float>()[1], -std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(got.data<float>()[2]));
+  EXPECT_TRUE(std::isnan(got.data<float>()[3]));
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(std::isnan(split[0].compute.data<bf16>()[i].to_float()),
+              std::isnan(whole[0].compute.data<bf16>()[i].to_float()))
+        << i;
+  }
+  for (int64_t i = 4; i < 8; ++i) EXPECT_EQ(got.data<float>()[i], whole[0].master.data<float>()[i]);
 }
 
 // The clipping scale formed from a norm tensor (what the GPU forms on the device) is the host's
@@ -364,6 +470,17 @@ TEST(FusedErrors, BadInputIsAClearError) {
   ts[0].compute = Tensor::zeros({7}, DType::bf16);
   expect_error([&] { adamw_update_all(ts, 1e-3, AdamWConfig{}, 1, 1.0); },
                "tensor 0 compute [7] does not match master [8]");
+  ts = {split_twin(adam_tensors({{8, true, 1}}, DType::f32, Device::cpu, 1)[0])};
+  ts[0].master = Tensor::zeros({8}, DType::f32);
+  expect_error([&] { adamw_update_all(ts, 1e-3, AdamWConfig{}, 1, 1.0); },
+               "has a master and a low half");
+  ts[0].master = Tensor();
+  ts[0].master_lo = Tensor::zeros({8}, DType::i32);
+  expect_error([&] { adamw_update_all(ts, 1e-3, AdamWConfig{}, 1, 1.0); },
+               "bf16 (compute) and int16 (master_lo)");
+  ts[0].master_lo = Tensor::zeros({7}, DType::i16);
+  expect_error([&] { adamw_update_all(ts, 1e-3, AdamWConfig{}, 1, 1.0); },
+               "compute [8] does not match master_lo [7]");
 }
 
 }  // namespace

@@ -38,11 +38,10 @@ models::ModelConfig small(const std::string& name) {
 void randomize(models::Transformer& model, uint64_t seed) {
   Rng rng(seed);
   for (models::Parameter& p : model.parameters()) {
-    Tensor host = Tensor::empty(p.master.shape(), p.master.dtype());
+    Tensor host = Tensor::empty(p.shape(), p.master_dtype());
     const bool norm = p.name.find("norm") != std::string::npos;
     fill_normal(host, rng, norm ? 1.0 : 0.0, norm ? 0.1 : 0.3);
-    p.master.copy_from(host);
-    p.sync_compute();
+    p.set_master_weights(host);
   }
 }
 

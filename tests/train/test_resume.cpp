@@ -222,9 +222,9 @@ int64_t check_pair(const std::string& path) {
   models::Transformer from_state(tiny(), DType::f32, {});
   load_train_state(path + ".state", from_state);
   for (size_t i = 0; i < from_state.parameters().size(); ++i) {
-    EXPECT_EQ(
-        max_abs_diff(from_checkpoint.parameters()[i].master, from_state.parameters()[i].master),
-        0.0)
+    EXPECT_EQ(max_abs_diff(from_checkpoint.parameters()[i].master_weights(),
+                           from_state.parameters()[i].master_weights()),
+              0.0)
         << from_state.parameters()[i].name << ": checkpoint and state from different steps";
   }
   return read_train_state(path + ".state").step;

@@ -5,7 +5,7 @@
 // each: every element is read once and written once, so they run at copy bandwidth
 // (sizeof(src) + sizeof(dst) bytes per element). The bf16 rounding below repeats the CPU's
 // (core/bf16.h) bit for bit, NaN payloads included, so a tensor converted on either device is
-// the same.
+// the same; split_f32 and join_f32 run core/f32_halves.h's own functions, as the CPU does.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -17,6 +17,7 @@
 #include "core/cuda/graph.h"
 #include "core/cuda/runtime.h"
 #include "core/cuda/tensor_ops.h"
+#include "core/f32_halves.h"
 #include "core/memory.h"
 
 namespace ft::cuda {
@@ -78,6 +79,24 @@ __global__ void convert_kernel(Dst* dst, const Src* src, int64_t n) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
     narrow(dst[i], widen(src[i]));
+  }
+}
+
+__global__ void split_f32_kernel(uint16_t* hi, int16_t* lo, const float* values, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    const F32Halves s = split_f32_bits(__float_as_uint(values[i]));
+    hi[i] = s.hi;
+    if (lo != nullptr) lo[i] = s.lo;
+  }
+}
+
+__global__ void join_f32_kernel(float* values, const uint16_t* hi, const int16_t* lo, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    values[i] = __uint_as_float(join_f32_bits(hi[i], lo[i]));
   }
 }
 
@@ -158,6 +177,21 @@ void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64
   });
 }
 
+void split_f32(void* hi, void* lo, const void* values, int64_t n) {
+  if (n == 0) return;
+  split_f32_kernel<<<blocks_for(n), kThreads, 0, current_stream()>>>(
+      static_cast<uint16_t*>(hi), static_cast<int16_t*>(lo), static_cast<const float*>(values), n);
+  FT_CUDA_CHECK_LAUNCH();
+}
+
+void join_f32(void* values, const void* hi, const void* lo, int64_t n) {
+  if (n == 0) return;
+  join_f32_kernel<<<blocks_for(n), kThreads, 0, current_stream()>>>(
+      static_cast<float*>(values), static_cast<const uint16_t*>(hi),
+      static_cast<const int16_t*>(lo), n);
+  FT_CUDA_CHECK_LAUNCH();
+}
+
 void fill(void* dst, DType dtype, int64_t n, double value) {
   if (n == 0) return;
   // The value is converted on the host exactly as the CPU fill converts it.
@@ -170,6 +204,8 @@ void fill(void* dst, DType dtype, int64_t n, double value) {
       return launch_fill(dst, n, bits_of<uint64_t>(value));
     case DType::i32:
       return launch_fill(dst, n, bits_of<uint32_t>(static_cast<int32_t>(value)));
+    case DType::i16:
+      return launch_fill(dst, n, bits_of<uint16_t>(static_cast<int16_t>(value)));
   }
 }
 

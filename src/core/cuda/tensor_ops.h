@@ -24,6 +24,11 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
 // the CPU's store(load(x)) does (f64 -> bf16 via f32), so results are bit-identical.
 void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n);
 
+// core/f32_halves.h's split_f32 and join_f32 over n elements on the GPU: hi bf16, lo int16
+// (null in split_f32: hi alone), values fp32. The same bits as the CPU's.
+void split_f32(void* hi, void* lo, const void* values, int64_t n);
+void join_f32(void* values, const void* hi, const void* lo, int64_t n);
+
 // Every element of dst (GPU) becomes `value` converted as the CPU's Tensor::fill converts it.
 void fill(void* dst, DType dtype, int64_t n, double value);
 void zero_bytes(void* dst, size_t nbytes);

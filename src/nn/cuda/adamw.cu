@@ -8,12 +8,17 @@
 // table (per tensor: pointers, size, its decay factor, whether 16-byte packs apply, the compute
 // copy) followed by a list of chunks (tensor, first element) of kAdamChunk elements; block b
 // updates chunk b with the same per-element operations (adamw_step) and writes the compute copy
-// (bf16 rounded to nearest even, or fp32) of each new weight as it goes. Traffic per parameter:
-// 4 fp32 reads, 3 fp32 writes and one compute-dtype write (2 bytes for bf16), against the
-// per-tensor path's same update plus a separate conversion kernel (another 4-byte read and
-// 2-byte write) and two launches per tensor (~150 tensors in GPT-2 124M: ~300 launches become
-// 1). Bit-identical to adamw_update + copy_from for every finite value (a NaN weight stays NaN,
-// possibly with another payload).
+// (bf16: the high half of the new weight split in two, ties away from zero, core/f32_halves.h;
+// or fp32) of each new weight as it goes. Traffic per parameter: 4 fp32 reads, 3 fp32 writes and
+// one compute-dtype write (2 bytes for bf16), against the per-tensor path's same update plus a
+// separate conversion kernel (another 4-byte read and 2-byte write) and two launches per tensor
+// (~150 tensors in GPT-2 124M: ~300 launches become 1). Bit-identical to adamw_update +
+// nn::write_compute_copy for every finite value (a NaN weight stays NaN, possibly with another
+// payload).
+// A split master (a bf16 model's: the bf16 compute copy is its high half, an int16 its low half)
+// is joined, updated and split again in registers: 2 + 2 bytes read and written where a whole
+// one takes 4 + 4 and the copy's 2, so 32 bytes a parameter with the gradient (read twice, the
+// norm's read included), m and v, against 34. The same bits as the whole master's path.
 // global_grad_norm, deterministic two-stage reduction in fp64: stage 1 gives every chunk of
 // kNormChunk elements of every tensor a block (16-byte packs when the tensor's pointer and size
 // allow), which writes one partial sum of squares; stage 2 is one block adding all partials in
@@ -27,6 +32,7 @@
 #include <vector>
 
 #include "core/cuda/graph.h"
+#include "core/f32_halves.h"
 #include "nn/cuda/common.cuh"
 #include "nn/cuda/cuda_layers.h"
 
@@ -69,7 +75,8 @@ __global__ void adamw_kernel(float* p, const float* grad, float* m, float* v, in
 
 constexpr int64_t kAdamChunk = 32768;  // elements per block; a multiple of every pack width
 
-enum ComputeCopy : int32_t { kNoCopy = 0, kCopyF32 = 1, kCopyBf16 = 2 };
+// kSplit: p is null, the master is compute (bf16 bits, its high half) and lo (its low half).
+enum ComputeCopy : int32_t { kNoCopy = 0, kCopyF32 = 1, kCopyBf16 = 2, kSplit = 3 };
 
 struct AdamSlot {
   float* p;
@@ -77,6 +84,7 @@ struct AdamSlot {
   float* m;
   float* v;
   void* compute;
+  int16_t* lo;
   int64_t n;
   int32_t decay;   // weight decay applies (the step's factor is read at run time)
   int32_t copy;    // ComputeCopy
@@ -129,20 +137,35 @@ DeviceTable<Slot> upload_table(const std::vector<Slot>& slots, int64_t chunk, co
 template <int W>
 __device__ __forceinline__ void adamw_span(const AdamSlot& t, int64_t i, const AdamWScalars& s,
                                            float decay_mul) {
-  Pack<float, W> pp = load_pack<float, W>(t.p + i);
+  uint16_t* hi = static_cast<uint16_t*>(t.compute);
+  Pack<float, W> pp;
+  if (t.copy == kSplit) {
+    const Pack<uint16_t, W> hp = load_pack<uint16_t, W>(hi + i);
+    const Pack<int16_t, W> lp = load_pack<int16_t, W>(t.lo + i);
+#pragma unroll
+    for (int k = 0; k < W; ++k) pp.v[k] = __uint_as_float(join_f32_bits(hp.v[k], lp.v[k]));
+  } else {
+    pp = load_pack<float, W>(t.p + i);
+  }
   Pack<float, W> mp = load_pack<float, W>(t.m + i);
   Pack<float, W> vp = load_pack<float, W>(t.v + i);
   const Pack<float, W> gp = load_pack<float, W>(t.g + i);
 #pragma unroll
   for (int k = 0; k < W; ++k) adamw_step(pp.v[k], gp.v[k], mp.v[k], vp.v[k], s, decay_mul);
-  store_pack<float, W>(t.p + i, pp);
+  if (t.copy != kSplit) store_pack<float, W>(t.p + i, pp);
   store_pack<float, W>(t.m + i, mp);
   store_pack<float, W>(t.v + i, vp);
-  if (t.copy == kCopyBf16) {
-    Pack<bf16_t, W> cp;
+  if (t.copy == kSplit || t.copy == kCopyBf16) {
+    Pack<uint16_t, W> hp;
+    Pack<int16_t, W> lp;
 #pragma unroll
-    for (int k = 0; k < W; ++k) cp.v[k] = from_f32<bf16_t>(pp.v[k]);
-    store_pack<bf16_t, W>(static_cast<bf16_t*>(t.compute) + i, cp);
+    for (int k = 0; k < W; ++k) {
+      const F32Halves h = split_f32_bits(__float_as_uint(pp.v[k]));
+      hp.v[k] = h.hi;
+      lp.v[k] = h.lo;
+    }
+    store_pack<uint16_t, W>(hi + i, hp);
+    if (t.copy == kSplit) store_pack<int16_t, W>(t.lo + i, lp);
   } else if (t.copy == kCopyF32) {
     store_pack<float, W>(static_cast<float*>(t.compute) + i, pp);
   }
@@ -276,26 +299,33 @@ void adamw_update_all(const std::vector<AdamWTensor>& tensors, const AdamWScalar
   std::vector<AdamSlot> slots;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const AdamWTensor& t = tensors[i];
-    FT_CHECK(t.master.dtype() == DType::f32, "adamw_update_all: master of tensor ", i, " is ",
-             dtype_name(t.master.dtype()), ", expected fp32 on CUDA (fp64 is for CPU tests)");
-    const int64_t n = t.master.numel();
+    const bool split = t.master_lo.defined();  // halves checked by nn::adamw_update_all
+    FT_CHECK(split || t.master.dtype() == DType::f32, "adamw_update_all: master of tensor ", i,
+             " is ", dtype_name(t.master.dtype()),
+             ", expected fp32 on CUDA (fp64 is for CPU tests)");
+    const int64_t n = t.grad.numel();
     if (n == 0) continue;
     AdamSlot slot{};
-    slot.p = static_cast<float*>(t.master.raw());
+    slot.p = split ? nullptr : static_cast<float*>(t.master.raw());
     slot.g = static_cast<const float*>(t.grad.raw());
     slot.m = static_cast<float*>(t.m.raw());
     slot.v = static_cast<float*>(t.v.raw());
     slot.n = n;
     slot.decay = t.decay ? 1 : 0;
-    if (t.compute.defined() && t.compute.raw() != t.master.raw()) {
+    if (split) {
+      slot.compute = t.compute.raw();
+      slot.lo = static_cast<int16_t*>(t.master_lo.raw());
+      slot.copy = kSplit;
+    } else if (t.compute.defined() && t.compute.raw() != t.master.raw()) {
       FT_CHECK(t.compute.dtype() == DType::bf16 || t.compute.dtype() == DType::f32,
                "adamw_update_all: compute copy of tensor ", i, " is ",
                dtype_name(t.compute.dtype()), ", expected bf16 or fp32 on CUDA");
       slot.compute = t.compute.raw();
       slot.copy = t.compute.dtype() == DType::bf16 ? kCopyBf16 : kCopyF32;
     }
-    slot.packed = can_use_packs<float>(n, {slot.p, slot.g, slot.m, slot.v}) &&
-                  (slot.compute == nullptr || reinterpret_cast<uintptr_t>(slot.compute) % 16 == 0);
+    // A pack of 4 fp32 is one of 4 bf16 (or int16) halves: 8 bytes, 16-byte aligned pointers
+    // keep it aligned too.
+    slot.packed = can_use_packs<float>(n, {slot.p, slot.g, slot.m, slot.v, slot.compute, slot.lo});
     slots.push_back(slot);
   }
   if (slots.empty()) return;
