@@ -7,6 +7,7 @@
 
 #include "core/device.h"
 #include "core/tensor.h"
+#include "gpu_skip.h"
 
 #ifdef FLASHTRAIN_WITH_CUDA
 
@@ -22,9 +23,6 @@
 
 namespace ft {
 namespace {
-
-#define FT_REQUIRE_GPU() \
-  if (cuda_device_count() == 0) GTEST_SKIP() << cuda_unavailable_reason()
 
 using cuda::Epilogue;
 using cuda::GemmArgs;

@@ -11,6 +11,7 @@
 #include "core/graph.h"
 #include "core/memory.h"
 #include "core/tensor.h"
+#include "gpu_skip.h"
 
 #ifdef FLASHTRAIN_WITH_CUDA
 #include "core/cuda/graph.h"
@@ -19,13 +20,6 @@
 
 namespace ft {
 namespace {
-
-#ifdef FLASHTRAIN_WITH_CUDA
-#define SKIP_WITHOUT_GPU() \
-  if (cuda_device_count() == 0) GTEST_SKIP() << cuda_unavailable_reason()
-#else
-#define SKIP_WITHOUT_GPU() GTEST_SKIP() << "built without CUDA"
-#endif
 
 std::vector<float> host_values(const Tensor& t) {
   const Tensor h = t.to(Device::cpu);

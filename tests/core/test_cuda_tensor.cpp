@@ -13,16 +13,10 @@
 #include "core/memory.h"
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "gpu_skip.h"
 
 namespace ft {
 namespace {
-
-#ifdef FLASHTRAIN_WITH_CUDA
-#define FT_REQUIRE_GPU() \
-  if (cuda_device_count() == 0) GTEST_SKIP() << cuda_unavailable_reason()
-#else
-#define FT_REQUIRE_GPU() GTEST_SKIP() << "built without CUDA"
-#endif
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
@@ -68,7 +62,7 @@ int64_t first_mismatch(const Tensor& got, const Tensor& want) {
 }
 
 TEST(CudaTensor, RoundTripEveryDtypeIsExact) {
-  FT_REQUIRE_GPU();
+  SKIP_WITHOUT_GPU();
   for (DType dtype : {DType::f32, DType::bf16, DType::f64, DType::i32}) {
     SCOPED_TRACE(dtype_name(dtype));
     const Tensor cpu = random_cpu({3, 37, 5}, dtype, 1 + static_cast<uint64_t>(dtype));
@@ -86,7 +80,7 @@ TEST(CudaTensor, RoundTripEveryDtypeIsExact) {
 }
 
 TEST(CudaTensor, EmptyTensorsRoundTrip) {
-  FT_REQUIRE_GPU();
+  SKIP_WITHOUT_GPU();
   const Tensor cpu = Tensor::empty({0, 4}, DType::f32);
   const Tensor back = cpu.to(Device::cuda).to(DType::bf16).to(Device::cpu);
   EXPECT_EQ(back.shape(), (Shape{0, 4}));
@@ -94,14 +88,14 @@ TEST(CudaTensor, EmptyTensorsRoundTrip) {
 }
 
 TEST(CudaTensor, EmptyOnCudaInitialisesTheDevice) {
-  FT_REQUIRE_GPU();
+  SKIP_WITHOUT_GPU();
   const Tensor t = Tensor::empty({16}, DType::f32, Device::cuda);
   EXPECT_TRUE(has_device_allocator(Device::cuda));
   EXPECT_EQ(t.device(), Device::cuda);
 }
 
 TEST(CudaTensor, CopyIntoSliceTouchesOnlyTheSlice) {
-  FT_REQUIRE_GPU();
+  SKIP_WITHOUT_GPU();
   Tensor dst = Tensor::empty({4, 6}, DType::f32, Device::cuda);
   dst.fill(kNaN);
   const Tensor src = random_cpu({2, 6}, DType::f32, 7);
@@ -180,7 +174,7 @@ Tensor conversion_source(DType dtype) {
 }
 
 TEST(CudaTensor, ConversionOnDeviceMatchesCpuBitForBit) {
-  FT_REQUIRE_GPU();
+  SKIP_WITHOUT_GPU();
   for (DType src_dtype : {DType::f32, DType::bf16, DType::f64}) {
     const Tensor src = conversion_source(src_dtype);
     const Tensor src_gpu = src.to(Device::cuda);
@@ -209,7 +203,7 @@ TEST(CudaTensor, ConversionOnDeviceMatchesCpuBitForBit) {
 }
 
 TEST(CudaTensor, FillAndZeroMatchTheCpu) {
-  FT_REQUIRE_GPU();
+  SKIP_WITHOUT_GPU();
   for (DType dtype : {DType::f32, DType::bf16, DType::f64, DType::i32}) {
     for (double value : {1.5, -3.25, 1.0 / 3.0, 1e-40, 7.0, 1e30, kNaN}) {
       if (dtype == DType::i32 && (std::isnan(value) || value > 1e9)) continue;
@@ -239,7 +233,7 @@ TEST(CudaTensor, FillAndZeroMatchTheCpu) {
 }
 
 TEST(CudaTensor, ComparisonHelpersAcceptCudaTensors) {
-  FT_REQUIRE_GPU();
+  SKIP_WITHOUT_GPU();
   const Tensor cpu = random_cpu({64}, DType::f32, 11);
   const Tensor gpu = cpu.to(Device::cuda);
   EXPECT_EQ(max_abs_diff(gpu, cpu), 0.0);
@@ -252,7 +246,7 @@ TEST(CudaTensor, ComparisonHelpersAcceptCudaTensors) {
 }
 
 TEST(CudaTensor, TransfersDoNotLeakDeviceMemory) {
-  FT_REQUIRE_GPU();
+  SKIP_WITHOUT_GPU();
   const Tensor cpu = random_cpu({1000}, DType::f32, 12);
   { const Tensor warm = cpu.to(Device::cuda); }
   const int64_t before = memory_stats(Device::cuda).used_bytes;
@@ -264,7 +258,7 @@ TEST(CudaTensor, TransfersDoNotLeakDeviceMemory) {
 }
 
 TEST(CudaTensor, BadCopiesAreClearErrors) {
-  FT_REQUIRE_GPU();
+  SKIP_WITHOUT_GPU();
   Tensor gpu = Tensor::empty({4, 4}, DType::f32, Device::cuda);
   const Tensor wrong = Tensor::zeros({3, 4}, DType::f32);
   EXPECT_THROW(gpu.copy_from(wrong), Error);

@@ -16,16 +16,10 @@
 #include "core/f32_halves.h"
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "gpu_skip.h"
 
 namespace ft {
 namespace {
-
-#ifdef FLASHTRAIN_WITH_CUDA
-#define FT_REQUIRE_GPU() \
-  if (cuda_device_count() == 0) GTEST_SKIP() << cuda_unavailable_reason()
-#else
-#define FT_REQUIRE_GPU() GTEST_SKIP() << "built without CUDA"
-#endif
 
 bool is_nan_bits(uint32_t bits) {
   return (bits & 0x7fffffffu) > 0x7f800000u;
@@ -152,7 +146,7 @@ TEST(F32Halves, BadTensorsAreClearErrors) {
 }
 
 TEST(F32Halves, GpuSplitAndJoinGiveTheCpuBits) {
-  FT_REQUIRE_GPU();
+  SKIP_WITHOUT_GPU();
   const std::vector<uint32_t> bits = patterns();
   const Tensor values = f32_tensor(bits);
   const int64_t n = values.numel();

@@ -13,6 +13,7 @@
 #include "core/rng.h"
 #include "models/transformer.h"
 #include "nn/adamw.h"
+#include "small_models.h"
 
 namespace ft::models {
 namespace {
@@ -22,21 +23,11 @@ constexpr int64_t kBatch = 2, kSeq = 16, kRows = kBatch * kSeq;
 constexpr int64_t kChunks[] = {0, 16, 7, 1};
 
 ModelConfig small(const std::string& preset_name) {
-  ModelOverrides o;
-  o.layers = 2;
-  o.width = 32;
-  o.heads = 4;
-  o.vocab = 37;
-  o.context = kSeq;
-  if (preset_name == "llama3-tiny") o.kv_heads = 2;
-  return apply_overrides(preset(preset_name), o);
+  return testing::small_model(preset_name, 32, 37, kSeq);
 }
 
 Tensor random_tokens(int64_t vocab, Rng& rng) {
-  Tensor t = Tensor::empty({kBatch, kSeq}, DType::i32);
-  for (int64_t i = 0; i < t.numel(); ++i)
-    t.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u64() % static_cast<uint64_t>(vocab));
-  return t;
+  return testing::random_tokens(kBatch, kSeq, vocab, rng);
 }
 
 // A learning rate at which the runs stay stable: at 1e-3, llama3-tiny's memorising run has its

@@ -18,6 +18,7 @@
 #include "core/rng.h"
 #include "models/transformer.h"
 #include "nn/adamw.h"
+#include "small_models.h"
 
 namespace ft::models {
 namespace {
@@ -25,21 +26,11 @@ namespace {
 constexpr int64_t kBatch = 2, kSeq = 32;
 
 ModelConfig small(const std::string& preset_name) {
-  ModelOverrides o;
-  o.layers = 2;
-  o.width = 64;  // head dim 16 (fp32, naive attention on every device)
-  o.heads = 4;
-  o.vocab = 61;  // padded: the head's padding rows get (zero) gradients too
-  o.context = kSeq;
-  if (preset_name == "llama3-tiny") o.kv_heads = 2;
-  return apply_overrides(preset(preset_name), o);
+  return testing::small_model(preset_name, 64, 61, kSeq);
 }
 
 Tensor random_tokens(int64_t vocab, Rng& rng) {
-  Tensor t = Tensor::empty({kBatch, kSeq}, DType::i32);
-  for (int64_t i = 0; i < t.numel(); ++i)
-    t.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u64() % static_cast<uint64_t>(vocab));
-  return t;
+  return testing::random_tokens(kBatch, kSeq, vocab, rng);
 }
 
 struct StepSetup {

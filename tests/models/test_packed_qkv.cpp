@@ -11,6 +11,7 @@
 
 #include "core/rng.h"
 #include "models/transformer.h"
+#include "small_models.h"
 
 namespace ft::models {
 namespace {
@@ -18,32 +19,16 @@ namespace {
 constexpr int64_t kBatch = 2, kSeq = 16;
 
 ModelConfig small(const std::string& preset_name) {
-  ModelOverrides o;
-  o.layers = 2;
-  o.width = 32;
-  o.heads = 4;
-  o.vocab = 37;
-  o.context = kSeq;
-  if (preset_name == "llama3-tiny") o.kv_heads = 2;
-  return apply_overrides(preset(preset_name), o);
+  return testing::small_model(preset_name, 32, 37, kSeq);
 }
 
 Tensor random_tokens(int64_t vocab, Rng& rng) {
-  Tensor t = Tensor::empty({kBatch, kSeq}, DType::i32);
-  for (int64_t i = 0; i < t.numel(); ++i)
-    t.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u64() % static_cast<uint64_t>(vocab));
-  return t;
+  return testing::random_tokens(kBatch, kSeq, vocab, rng);
 }
 
 // Row 0: documents of 5, 7 and 4 positions; row 1: two documents and three padding positions.
 Tensor segment_ids() {
-  Tensor ids = Tensor::empty({kBatch, kSeq}, DType::i32);
-  int32_t* p = ids.data<int32_t>();
-  for (int64_t t = 0; t < kSeq; ++t) {
-    p[t] = t < 5 ? 0 : (t < 12 ? 1 : 2);
-    p[kSeq + t] = t < 6 ? 3 : (t < 13 ? 4 : -1);
-  }
-  return ids;
+  return testing::two_rows_of_documents();
 }
 
 struct Trace {

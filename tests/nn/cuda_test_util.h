@@ -7,16 +7,10 @@
 #include <string>
 
 #include "core/device.h"
+#include "gpu_skip.h"
 #include "grad_check.h"
 
 namespace ft::nn::testing {
-
-#ifndef FLASHTRAIN_WITH_CUDA
-#define SKIP_WITHOUT_GPU() GTEST_SKIP() << "built without CUDA"
-#else
-#define SKIP_WITHOUT_GPU() \
-  if (cuda_device_count() == 0) GTEST_SKIP() << cuda_unavailable_reason()
-#endif
 
 inline Tensor gpu(const Tensor& t) {
   return t.to(Device::cuda);

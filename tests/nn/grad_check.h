@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <string>
@@ -88,6 +89,18 @@ inline void expect_close(const Tensor& got, const Tensor& want, double tol, cons
   EXPECT_TRUE(all_finite(got)) << what << " has NaN/Inf (an unwritten element?)";
   const double err = relative_error(got, want);
   EXPECT_LT(err, tol) << what << ": relative error " << err;
+}
+
+// Byte-for-byte equality of two results (either on any device), finite values only (so two
+// untouched NaN buffers do not pass).
+inline void expect_same_bits(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.dtype(), want.dtype()) << what;
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  const Tensor g = got.to(Device::cpu), w = want.to(Device::cpu);
+  EXPECT_TRUE(all_finite(g)) << what << " has NaN/Inf (an unwritten element?)";
+  EXPECT_EQ(std::memcmp(g.raw(), w.raw(), static_cast<size_t>(g.numel()) * dtype_size(g.dtype())),
+            0)
+      << what << " is not bit-identical; max |diff| " << max_abs_diff(g, w);
 }
 
 // Runs `forward` on `inputs` converted to `dtype` (int32 inputs pass unchanged) and on the same

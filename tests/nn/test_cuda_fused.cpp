@@ -26,16 +26,6 @@ namespace {
 
 using namespace ft::nn::testing;
 
-void expect_same_bits(const Tensor& got, const Tensor& want, const std::string& what) {
-  ASSERT_EQ(got.dtype(), want.dtype()) << what;
-  ASSERT_EQ(got.shape(), want.shape()) << what;
-  const Tensor g = host(got), w = host(want);
-  EXPECT_TRUE(all_finite(g)) << what << " has NaN/Inf (an unwritten element?)";
-  EXPECT_EQ(std::memcmp(g.raw(), w.raw(), static_cast<size_t>(g.numel()) * dtype_size(g.dtype())),
-            0)
-      << what << " is not bit-identical; max |diff| " << max_abs_diff(g, w);
-}
-
 struct Case {
   DType dtype;
   int64_t C;

@@ -111,16 +111,6 @@ NormOutputs run_norms(const NormInputs& in, bool layer, Where where) {
   return o;
 }
 
-void expect_same_bits(const Tensor& got, const Tensor& want, const std::string& what) {
-  ASSERT_EQ(got.dtype(), want.dtype()) << what;
-  ASSERT_EQ(got.shape(), want.shape()) << what;
-  const Tensor g = host(got), w = host(want);
-  EXPECT_TRUE(all_finite(g)) << what << " has NaN/Inf (an unwritten element?)";
-  EXPECT_EQ(std::memcmp(g.raw(), w.raw(), static_cast<size_t>(g.numel()) * dtype_size(g.dtype())),
-            0)
-      << what << " is not bit-identical; max |diff| " << max_abs_diff(g, w);
-}
-
 // got (GPU) against the CPU's outputs.
 void expect_match_cpu(const NormOutputs& got, const NormOutputs& cpu, bool layer, double tol) {
   expect_same_bits(got.x, cpu.x, "x_out (one exactly rounded add)");

@@ -33,17 +33,6 @@ Tensor rnd(const Shape& shape, uint64_t seed, DType dtype, double std = 1.0) {
   return randn(shape, seed, DType::f64, std).to(dtype);
 }
 
-// Byte-for-byte equality, finite values only (so two untouched NaN buffers do not pass).
-void expect_same_bits(const Tensor& got, const Tensor& want, const std::string& what) {
-  ASSERT_EQ(got.dtype(), want.dtype()) << what;
-  ASSERT_EQ(got.shape(), want.shape()) << what;
-  EXPECT_TRUE(all_finite(got)) << what << " has NaN/Inf (an unwritten element?)";
-  const Tensor g = got.to(Device::cpu), w = want.to(Device::cpu);
-  EXPECT_EQ(std::memcmp(g.raw(), w.raw(), static_cast<size_t>(g.numel()) * dtype_size(g.dtype())),
-            0)
-      << what << " differs from the unfused result; max |diff| " << max_abs_diff(g, w);
-}
-
 struct Case {
   DType dtype;
   int64_t C;
