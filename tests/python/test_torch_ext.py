@@ -288,3 +288,85 @@ def test_op_errors_are_the_calls():
     with pytest.raises(ValueError, match="is not contiguous"):
         op(q.transpose(1, 2).contiguous().transpose(1, 2), k, v, None, False, 0, 0.0, "flash",
            "", False)
+
+
+# ---------------------------------------------------------------- on the GPU
+
+CUDA = (torch.cuda.is_available() and EXT.extension.built_with_cuda()
+        and attention.built_with_cuda())
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a GPU and CUDA builds of the extension "
+                                                 "and the module")
+
+
+def cuda_routes(q, k, v, do, seg, deterministic, **kw):
+    """both_routes on the GPU; a backward without a deterministic path here skips."""
+    try:
+        return both_routes(q, k, v, do, seg, deterministic=deterministic, **kw)
+    except ValueError as e:
+        if deterministic and "deterministic" in str(e):
+            pytest.skip(f"no deterministic backward here: {e}")
+        raise
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mask", ["causal", "causal+window+segments"])
+def test_cuda_same_bits_as_the_dlpack_route(dtype, mask):
+    """The same kernels on the same stream: the same bits (bf16's backward deterministic, so
+    that its dQ sums are ordered), segment ids on the GPU and on the CPU."""
+    causal, window, segments = MASKS[mask]
+    q, k, v, do, seg = make((2, 300, 8, 2, 128), dtype, 20, segments)
+    q, k, v, do = (t.cuda() for t in (q, k, v, do))
+    for ids in ([None] if seg is None else [seg.cuda(), seg]):
+        dlpack, ext = cuda_routes(q, k, v, do, ids, dtype == torch.bfloat16, causal=causal,
+                                  window=window, scale=0.0, impl="flash")
+        for name, a, b in zip(NAMES, dlpack, ext):
+            assert_same_bits(a, b, name)
+        assert ext[0].device == q.device
+
+
+@needs_cuda
+def test_cuda_runs_on_the_current_stream_and_outputs_outlive_inputs():
+    """On a side stream the extension's outputs equal the default stream's, made from inputs
+    written just before on that stream; they outlive the inputs, and their memory goes back to
+    the pool on that stream when dropped (a later call reuses it without trouble)."""
+    q, k, v, do, _ = make((2, 300, 8, 2, 128), torch.bfloat16, 21, False)
+    want = EXT.call_forward(q.cuda(), k.cuda(), v.cuda(), None, True, 0, 0.0, "flash", None)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        qs, ks, vs = (t.cuda() * 1.0 for t in (q, k, v))
+        o, lse = EXT.call_forward(qs, ks, vs, None, True, 0, 0.0, "flash", None)
+        del qs, ks, vs
+        gc.collect()
+        churn = [torch.randn(2, 300, 8, 128, device="cuda") for _ in range(8)]
+        total = o.float().sum()
+    side.synchronize()
+    assert_same_bits(o, want[0], "o")
+    assert_same_bits(lse, want[1], "lse")
+    assert torch.isfinite(total)
+    with torch.cuda.stream(side):
+        del o, lse, churn
+        gc.collect()
+        again = EXT.call_forward(q.cuda(), k.cuda(), v.cuda(), None, True, 0, 0.0, "flash", None)
+    side.synchronize()
+    assert_same_bits(again[0], want[0], "o again")
+
+
+@needs_cuda
+def test_cuda_errors_alike():
+    """A misaligned GPU input and a CPU tensor beside GPU ones: the DLPack route's errors."""
+    q, k, v, _, _ = make((1, 64, 4, 4, 64), torch.bfloat16, 22, False)
+    q, k, v = (t.cuda() for t in (q, k, v))
+    flat = torch.empty(q.numel() + 1, dtype=q.dtype, device="cuda")
+    misaligned = flat[1:].view(q.shape)
+    misaligned.copy_(q)
+    for bad in (dict(q=misaligned), dict(k=k.cpu())):
+        args = dict(dict(q=q, k=k, v=v), **bad)
+        errors = []
+        for route in (DLPACK, EXT):
+            with pytest.raises((TypeError, ValueError)) as info:
+                route.call_forward(args["q"], args["k"], args["v"], None, True, 0, 0.0, "flash",
+                                   None)
+            errors.append(info.value)
+        assert type(errors[0]) is type(errors[1]) and str(errors[0]) == str(errors[1])
