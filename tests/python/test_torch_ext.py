@@ -277,6 +277,21 @@ def test_ops_schemas_are_the_custom_ops():
     assert defined_in_python == (ft._TORCH.extension is None)
 
 
+def test_ops_are_registered_once():
+    """register_ops() defines the C++ ops once: again it does nothing where they are the
+    extension's, and where the Python custom ops came first it is a RuntimeError (no crash), the
+    ops working on."""
+    ft = pytest.importorskip("flashtrain.torch")
+    if ft._TORCH.extension is not None:
+        assert EXT.extension.register_ops() is None
+    else:
+        with pytest.raises(RuntimeError, match="multiple times"):
+            EXT.extension.register_ops()
+    q, k, v, _, _ = make((1, 8, 2, 2, 16), torch.float32, 23, False)
+    o, _ = torch.ops.flashtrain.attention_forward(q, k, v, None, True, 0, 0.0, "flash", "", False)
+    assert_same_bits(o, DLPACK.call_forward(q, k, v, None, True, 0, 0.0, "flash", None)[0], "o")
+
+
 def test_op_errors_are_the_calls():
     """The C++ ops raise the library's errors as the Python ops do: TypeError and ValueError
     with the same message."""
