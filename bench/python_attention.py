@@ -193,14 +193,19 @@ def make_sets(spec, args, dtype, device, count):
     return sets
 
 
+class NoExtension(RuntimeError):
+    """A -ext impl where flashtrain._torch_ext does not load: a row with the reason, not a
+    failure of the run (a package built without PyTorch has no such route)."""
+
+
 def flashtrain_route(impl):
     """The block an impl of ours is timed in: flashtrain calling through its route (the DLPack
-    route, or the extension for the -ext impls); a RuntimeError (the row's reason) where the
-    extension does not load."""
+    route, or the extension for the -ext impls); NoExtension where the extension does not
+    load."""
     found = python_routes.routes()
     route = found["extension" if impl.endswith("-ext") else "dlpack"]
     if route is None:
-        raise RuntimeError("flashtrain._torch_ext does not load here (built without PyTorch, "
+        raise NoExtension("flashtrain._torch_ext does not load here (built without PyTorch, "
                            "against another version, or FLASHTRAIN_TORCH_EXT=0)")
     return python_routes.use_route(route)
 
@@ -522,6 +527,7 @@ def measure(impl, direction, case, spec, sets, args, device, queue, gpu):
             idle, idle_min = idle_host_us(lambda i: step(sets[i % len(sets)]), args, device)
     except Exception as e:  # noqa: BLE001 - a failing impl is a row, not a crash
         row["error"] = str(e).strip() or type(e).__name__
+        row["unavailable"] = isinstance(e, NoExtension)
         log(f"{case} {impl} {direction}: {row['error']}")
         return row
     row.update(median_ms=timed["median_ms"], min_ms=timed["min_ms"], max_ms=timed["max_ms"],
@@ -822,7 +828,8 @@ def main(argv=None):
             rows.extend(parts)
         del sets
         rows_by_case[case] = rows
-        failed = failed or any("error" in r for r in rows if r["side"] in ("flashtrain", "c++"))
+        failed = failed or any("error" in r and not r.get("unavailable") for r in rows
+                               if r["side"] in ("flashtrain", "c++"))
         if jsonl:
             for r in rows:
                 jsonl.write(json.dumps(r) + "\n")
