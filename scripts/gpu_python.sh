@@ -57,26 +57,28 @@ if [ "${TESTS:-1}" != 0 ]; then
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   fi
 fi
+# bench NAME ARGS...: bench/NAME.py with ARGS, its tables to $out/NAME.md, its rows to
+# NAME.jsonl, its progress to NAME.log; a failure sets status.
+bench() {
+  local name=$1
+  shift
+  python3 "bench/$name.py" --jsonl "$out/$name.jsonl" "$@" 2>"$out/$name.log" |
+    tee "$out/$name.md"
+  local rc=${PIPESTATUS[0]}
+  if [ "$rc" -ne 0 ]; then
+    echo "$name: exit $rc; the last lines of $out/$name.log:"
+    tail -5 "$out/$name.log"
+    status=1
+  fi
+}
 if [ "${BENCH:-1}" != 0 ]; then
   bench_args=()
   eval "bench_args=(${BENCH_ARGS:-})"
-  python3 bench/python_attention.py --jsonl "$out/python_attention.jsonl" "${bench_args[@]}" \
-    2>"$out/python_attention.log" | tee "$out/python_attention.md"
-  rc=${PIPESTATUS[0]}
-  if [ "$rc" -ne 0 ]; then
-    echo "python_attention: exit $rc; the last lines of $out/python_attention.log:"
-    tail -5 "$out/python_attention.log"
-    status=1
-  fi
-  routes_args=()
-  eval "routes_args=(${ROUTES_ARGS:---device cuda --dtype bf16,fp32 --dir fwd,fwd+bwd})"
-  python3 bench/python_routes.py --jsonl "$out/python_routes.jsonl" "${routes_args[@]}" \
-    2>"$out/python_routes.log" | tee "$out/python_routes.md"
-  rc=${PIPESTATUS[0]}
-  if [ "$rc" -ne 0 ]; then
-    echo "python_routes: exit $rc; the last lines of $out/python_routes.log:"
-    tail -5 "$out/python_routes.log"
-    status=1
+  bench python_attention "${bench_args[@]}"
+  if grep -q "route.*_TorchExtension" "$out/gpu.txt"; then
+    routes_args=()
+    eval "routes_args=(${ROUTES_ARGS:---device cuda --dtype bf16,fp32 --dir fwd,fwd+bwd})"
+    bench python_routes "${routes_args[@]}"
   fi
 fi
 exit "$status"
