@@ -3,8 +3,10 @@ the C++ bench, on the same shapes, in one call.
 
 Times, per case (every one causal, bf16), "fwd" (forward only) and "fwd+bwd" (forward then the
 gradients of q, k, v, as a training step makes them) of
-  ft-func    flashtrain.torch.flash_attn_func (the torch.library custom ops, under autograd)
+  ft-func    flashtrain.torch.flash_attn_func (under autograd) on the DLPack route
   ft-dlpack  flashtrain.attention.forward / backward on PyTorch tensors through DLPack
+  ft-func-ext, ft-ext  the same two through flashtrain._torch_ext (at::Tensor in and out; a row
+             with the reason where the package was built without it)
   sdpa-cudnn / sdpa-flash / sdpa-efficient  F.scaled_dot_product_attention under sdpa_kernel()
       with that one backend (enable_gqa for GQA; a backend that refuses it runs on k and v
       expanded beforehand, outside the timing, and its row says "kv expanded")
@@ -69,6 +71,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import python_routes  # noqa: E402  (flashtrain's two routes for PyTorch tensors)
 import torch_attention_peer as peer  # noqa: E402  (the shared timing method)
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
@@ -77,10 +80,10 @@ CASES = {
     "hero-causal": dict(batch=32, seq_len=4096, q_heads=16, kv_heads=4, head_dim=128),
     "tiny": dict(batch=1, seq_len=128, q_heads=4, kv_heads=4, head_dim=64),
 }
-FT_IMPLS = ("ft-func", "ft-dlpack")
+FT_IMPLS = ("ft-func", "ft-dlpack", "ft-func-ext", "ft-ext")
 SDPA_IMPLS = {"sdpa-cudnn": "CUDNN_ATTENTION", "sdpa-flash": "FLASH_ATTENTION",
               "sdpa-efficient": "EFFICIENT_ATTENTION", "sdpa-math": "MATH"}
-DEFAULT_IMPLS = "ft-func,ft-dlpack,sdpa-cudnn,sdpa-flash,sdpa-efficient"
+DEFAULT_IMPLS = "ft-func,ft-dlpack,ft-func-ext,ft-ext,sdpa-cudnn,sdpa-flash,sdpa-efficient"
 DIRS = ("fwd", "fwd+bwd")
 BINDING_TARGET_US = 5.0
 
@@ -190,9 +193,26 @@ def make_sets(spec, args, dtype, device, count):
     return sets
 
 
+class NoExtension(RuntimeError):
+    """A -ext impl where flashtrain._torch_ext does not load: a row with the reason, not a
+    failure of the run (a package built without PyTorch has no such route)."""
+
+
+def flashtrain_route(impl):
+    """The block an impl of ours is timed in: flashtrain calling through its route (the DLPack
+    route, or the extension for the -ext impls); NoExtension where the extension does not
+    load."""
+    found = python_routes.routes()
+    route = found["extension" if impl.endswith("-ext") else "dlpack"]
+    if route is None:
+        raise NoExtension("flashtrain._torch_ext does not load here (built without PyTorch, "
+                           "against another version, or FLASHTRAIN_TORCH_EXT=0)")
+    return python_routes.use_route(route)
+
+
 def flashtrain_step(impl, direction):
     """call(s) for one of our impls on a set of make_sets."""
-    if impl == "ft-func":
+    if impl in ("ft-func", "ft-func-ext"):
         from flashtrain.torch import flash_attn_func
 
         def forward(s):
@@ -352,6 +372,15 @@ def binding_parts(case, s, args, device, queue):
         attention.backward(*leaves, o, lse, dout, causal=True)
 
     side = torch.cuda.Stream(device) if cuda else None
+    found = python_routes.routes()
+
+    def on_route(route, fn):  # fn timed with flashtrain calling through `route`
+        def routed(timer):
+            def timed(*timer_args):
+                with python_routes.use_route(route):
+                    return timer(*timer_args)
+            return timed
+        return fn, routed
 
     def on_side_stream(fn):  # fn, its fills and its outputs' frees on a stream of its own
         def on_side(timer):
@@ -396,6 +425,19 @@ def binding_parts(case, s, args, device, queue):
     if cuda:
         parts.append(("flashtrain.attention.forward on a side stream (not the legacy default)",
                       on_side_stream(lambda _: attention.forward(q, k, v, causal=True))))
+    if found["extension"] is not None:
+        torch_ext = found["extension"].extension
+        parts += [
+            ("extension: _torch_ext.forward, 3 tensors in, 2 tensors out",
+             lambda _: torch_ext.forward(q, k, v, None, True, 0, 0.0, "flash", None)),
+            ("extension: flashtrain.attention.forward",
+             on_route(found["extension"], lambda _: attention.forward(q, k, v, causal=True))),
+            ("extension: flash_attn_func, no autograd",
+             on_route(found["extension"], lambda _: flash_attn_func(q, k, v, causal=True))),
+            ("extension: bwd: _torch_ext.backward, 6 tensors in, 3 tensors out",
+             lambda _: torch_ext.backward(q, k, v, o_saved, lse_saved, dout_plain, None, True, 0,
+                                          0.0, False, "flash", None)),
+        ]
     parts += [
         ("flash_attn_func, no autograd", lambda _: flash_attn_func(q, k, v, causal=True)),
         ("flash_attn_func, inputs that require grad (forward only)",
@@ -445,7 +487,10 @@ def binding_parts(case, s, args, device, queue):
 
 
 def backend(impl):
-    """The context one impl's calls run in: sdpa_kernel() with that one backend for SDPA."""
+    """The context one impl's calls run in: sdpa_kernel() with that one backend for SDPA, ours'
+    route for ours."""
+    if impl in FT_IMPLS:
+        return flashtrain_route(impl)
     if impl not in SDPA_IMPLS:
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -482,6 +527,7 @@ def measure(impl, direction, case, spec, sets, args, device, queue, gpu):
             idle, idle_min = idle_host_us(lambda i: step(sets[i % len(sets)]), args, device)
     except Exception as e:  # noqa: BLE001 - a failing impl is a row, not a crash
         row["error"] = str(e).strip() or type(e).__name__
+        row["unavailable"] = isinstance(e, NoExtension)
         log(f"{case} {impl} {direction}: {row['error']}")
         return row
     row.update(median_ms=timed["median_ms"], min_ms=timed["min_ms"], max_ms=timed["max_ms"],
@@ -598,6 +644,14 @@ STEPS = [
      "flash_attn_func, no autograd"),
     ("autograd.grad around a Python autograd.Function, beyond a built-in op's",
      "fwd+bwd: identity autograd.Function", "fwd+bwd: x * 2.0"),
+    ("the extension's call beyond the library's (its C++ loop on the same stream)",
+     "extension: _torch_ext.forward", "loop: library forward from C++ in this process, on torch's"),
+    ("the extension's call against the DLPack module call (3 capsules in, 2 tensors out)",
+     "extension: _torch_ext.forward", "module forward: 3 capsules in, 2 tensors"),
+    ("flashtrain.attention.forward: extension against DLPack route",
+     "extension: flashtrain.attention.forward", "flashtrain.attention.forward"),
+    ("flash_attn_func (no autograd): extension against DLPack route",
+     "extension: flash_attn_func, no autograd", "flash_attn_func, no autograd"),
 ]
 
 
@@ -653,7 +707,7 @@ def binding_lines(rows_by_case):
              "(both timed the C++ bench's way: back-to-back calls after a synchronize; behind "
              "fills the library's own host time differs, see the pieces)", "",
              f"| case | dir | C++ host us | {' | '.join(FT_IMPLS)} | C++ GPU ms |",
-             "|---|---|---:|---:|---:|---:|"]
+             "|---|---|---:|" + "---:|" * len(FT_IMPLS) + "---:|"]
     verdict = []
     for case, rows in rows_by_case.items():
         for direction in DIRS:
@@ -766,13 +820,16 @@ def main(argv=None):
                     torch.cuda.empty_cache()
         if args.parts and case == parts_case and "flashtrain" in info:
             try:
-                parts = binding_parts(case, sets[0], args, device, queue)
+                # The DLPack route unless a piece says otherwise.
+                with python_routes.use_route(python_routes.routes()["dlpack"]):
+                    parts = binding_parts(case, sets[0], args, device, queue)
             except Exception as e:  # noqa: BLE001 - the tables above still stand
                 log(f"{case} binding parts: {type(e).__name__}: {e}")
             rows.extend(parts)
         del sets
         rows_by_case[case] = rows
-        failed = failed or any("error" in r for r in rows if r["side"] in ("flashtrain", "c++"))
+        failed = failed or any("error" in r and not r.get("unavailable") for r in rows
+                               if r["side"] in ("flashtrain", "c++"))
         if jsonl:
             for r in rows:
                 jsonl.write(json.dumps(r) + "\n")

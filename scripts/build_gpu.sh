@@ -9,12 +9,15 @@ cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHTRAIN_CUDA=ON \
   -DFLASHTRAIN_STATIC_BLAS=ON -DFLASHTRAIN_SWEEP_KERNELS="${SWEEP_KERNELS:-OFF}" -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90a-real}" >/dev/null
-ninja -C build-gpu
-# BINARIES narrows what is packed (each binary holds the whole library: about 6 MB packed).
+# BINARIES narrows what is built and packed (each binary holds the whole library: about 6 MB
+# packed); JOBS caps ninja's parallel jobs (default: ninja's own).
+binaries="${BINARIES:-flashtrain test_core test_nn test_attention test_models test_dist test_train \
+  test_apps test_sweep bench_attention_gpu}"
+# shellcheck disable=SC2086  # the names are words
+ninja -C build-gpu ${JOBS:+-j "$JOBS"} $binaries
 rm -rf build-gpu/carry
 mkdir -p build-gpu/carry
-for b in ${BINARIES:-flashtrain test_core test_nn test_attention test_models test_dist test_train \
-  test_apps test_sweep bench_attention_gpu}; do
+for b in $binaries; do
   strip -o "build-gpu/carry/$b" "build-gpu/$b"
 done
 # The commit the binaries come from (scripts/run_matrix.py records it): "<hash>" or "<hash> dirty".

@@ -18,17 +18,22 @@ back in the same form.
 On the GPU the work runs on the caller's current stream: PyTorch's
 ``torch.cuda.current_stream()``, CuPy's ``cupy.cuda.get_current_stream()``; for other
 frameworks (JAX) the legacy default stream, or the ``stream=`` handle given. PyTorch tensors on
-its current stream are handed over as DLPack capsules (``torch.utils.dlpack.to_dlpack``: the
-producer's stream is ours, so there is nothing to order) and the module turns its outputs into
-tensors itself (``torch._C._from_dlpack`` on capsules it makes); every other input is taken
-through ``__dlpack__(stream=...)``, so the producer orders its pending work before ours. The
-outputs are ready on that stream, and their memory goes back to flashtrain's pool on it when
-they are dropped: a CuPy stream object is kept alive until then; a ``stream=`` handle must
-outlive the outputs.
+its current stream go to ``flashtrain._torch_ext`` where the package was built with it, against
+the PyTorch that runs (it reads them as ``at::Tensor`` and hands its outputs back as tensors, no
+conversion); otherwise (or with ``FLASHTRAIN_TORCH_EXT=0`` in the environment) they are handed
+over as DLPack capsules (``torch.utils.dlpack.to_dlpack``: the producer's stream is ours, so
+there is nothing to order) and the module turns its outputs into tensors itself
+(``torch._C._from_dlpack`` on capsules it makes). Every other input is taken through
+``__dlpack__(stream=...)``, so the producer orders its pending work before ours. The outputs
+are ready on that stream, and their memory goes back to flashtrain's pool on it when they are
+dropped: a CuPy stream object is kept alive until then; a ``stream=`` handle must outlive the
+outputs.
 """
 
 import operator
+import os
 import sys
+import warnings
 
 from . import _flashtrain as _ext
 
@@ -63,13 +68,10 @@ def forward(q, k, v, *, causal=False, window=0, segment_ids=None, scale=None, im
             and config is None and type(causal) is bool and type(window) is int
             and impl in _IMPLS):
         # The common call, PyTorch tensors with plain keywords, with nothing left to check here:
-        # _Torch.forward's work inline.
+        # straight to the route's module call.
         tensor = torch.tensor
         if isinstance(q, tensor) and isinstance(k, tensor) and isinstance(v, tensor):
-            to = torch.to_capsule
-            return _ext.forward(to(q), to(k), to(v), None, causal, window, 0.0, impl, None,
-                                torch.current_stream(q.get_device()) if q.is_cuda else 0, None,
-                                _EXPORT_CAPSULE, torch.from_capsule)
+            return torch.call_forward(q, k, v, None, causal, window, 0.0, impl, None)
     settings = _settings(causal, window, scale, impl, config)
     torch_route = _torch_route(q, k, v, segment_ids, stream)
     if torch_route is not None:
@@ -98,14 +100,11 @@ def backward(q, k, v, o, lse, do, *, causal=False, window=0, segment_ids=None, s
     if (torch is not None and stream is None and segment_ids is None and scale is None
             and config is None and type(causal) is bool and type(window) is int
             and impl in _IMPLS and type(deterministic) is bool):
-        tensor = torch.tensor  # as in forward: the common call inline
+        tensor = torch.tensor  # as in forward: the common call straight to the module
         if (isinstance(q, tensor) and isinstance(k, tensor) and isinstance(v, tensor)
                 and isinstance(o, tensor) and isinstance(lse, tensor) and isinstance(do, tensor)):
-            to = torch.to_capsule
-            return _ext.backward(to(q), to(k), to(v), to(o), to(lse), to(do), None, causal,
-                                 window, 0.0, deterministic, impl, None,
-                                 torch.current_stream(q.get_device()) if q.is_cuda else 0, None,
-                                 _EXPORT_CAPSULE, torch.from_capsule)
+            return torch.call_backward(q, k, v, o, lse, do, None, causal, window, 0.0,
+                                       deterministic, impl, None)
     settings = _settings(causal, window, scale, impl, config)
     if not isinstance(deterministic, bool):
         raise TypeError(f"attention: deterministic must be a bool, got {deterministic!r}")
@@ -180,10 +179,19 @@ def _config(config):
 
 
 class _Torch:
-    """The route of PyTorch tensors on PyTorch's current stream, with its handles looked up once:
-    the inputs go to the module as DLPack capsules (``torch.utils.dlpack.to_dlpack``, which takes
-    a tensor that requires grad as it is: no detach), the module makes the outputs into tensors
-    (``torch._C._from_dlpack`` on capsules it makes), and the stream is the raw current one."""
+    """The route of PyTorch tensors on PyTorch's current stream through the nanobind module,
+    with its handles looked up once: the inputs go to the module as DLPack capsules
+    (``torch.utils.dlpack.to_dlpack``, which takes a tensor that requires grad as it is: no
+    detach), the module makes the outputs into tensors (``torch._C._from_dlpack`` on capsules it
+    makes), and the stream is the raw current one.
+
+    Both routes (this and _TorchExtension) offer the same calls: ``call_forward(q, k, v,
+    segment_ids, causal, window, scale, impl, config) -> (o, lse)`` and ``call_backward(q, k, v,
+    o, lse, do, segment_ids, causal, window, scale, deterministic, impl, config) -> (dq, dk,
+    dv)``, positional, on settings checked already; ``forward``/``backward`` take the settings
+    as _settings returns them."""
+
+    extension = None  # flashtrain._torch_ext where it is the route
 
     def __init__(self, torch):
         self.tensor = torch.Tensor
@@ -195,33 +203,81 @@ class _Torch:
                 return torch.cuda.current_stream(index).cuda_stream
         self.current_stream = raw
 
-    def forward(self, q, k, v, segment_ids, settings):
-        """(o, lse) for settings checked by _settings."""
+    def call_forward(self, q, k, v, segment_ids, causal, window, scale, impl, config):
         to = self.to_capsule
-        causal, window, scale, impl, config = settings
         return _ext.forward(to(q), to(k), to(v), None if segment_ids is None else to(segment_ids),
                             causal, window, scale, impl, config,
                             self.current_stream(q.get_device()) if q.is_cuda else 0, None,
                             _EXPORT_CAPSULE, self.from_capsule)
 
-    def backward(self, q, k, v, o, lse, do, segment_ids, settings, deterministic):
-        """(dq, dk, dv) for settings checked by _settings and a bool deterministic."""
+    def call_backward(self, q, k, v, o, lse, do, segment_ids, causal, window, scale,
+                      deterministic, impl, config):
         to = self.to_capsule
-        causal, window, scale, impl, config = settings
         return _ext.backward(to(q), to(k), to(v), to(o), to(lse), to(do),
                              None if segment_ids is None else to(segment_ids), causal, window,
                              scale, deterministic, impl, config,
                              self.current_stream(q.get_device()) if q.is_cuda else 0, None,
                              _EXPORT_CAPSULE, self.from_capsule)
 
+    def forward(self, q, k, v, segment_ids, settings):
+        """(o, lse) for settings checked by _settings."""
+        return self.call_forward(q, k, v, segment_ids, *settings)
 
-_torch = None  # _Torch once a call has met PyTorch (or flashtrain.torch is imported)
+    def backward(self, q, k, v, o, lse, do, segment_ids, settings, deterministic):
+        """(dq, dk, dv) for settings checked by _settings and a bool deterministic."""
+        causal, window, scale, impl, config = settings
+        return self.call_backward(q, k, v, o, lse, do, segment_ids, causal, window, scale,
+                                  deterministic, impl, config)
+
+
+class _TorchExtension(_Torch):
+    """The route of PyTorch tensors through flashtrain._torch_ext (python/src/torch_ext.cpp),
+    which reads them as at::Tensor and returns tensors: no DLPack conversion either way, and the
+    current stream read in C++. Its calls are the extension's functions themselves (same
+    positional arguments as _Torch's; config None, its text or a KernelConfig)."""
+
+    def __init__(self, torch, extension):
+        super().__init__(torch)  # the handles serve the general route's mixed calls (_Call)
+        self.extension = extension
+        self.call_forward = extension.forward
+        self.call_backward = extension.backward
+
+
+_torch = None  # _Torch or _TorchExtension once a call has met PyTorch (or flashtrain.torch is
+# imported)
+
+
+def _torch_extension(torch):
+    """flashtrain._torch_ext when it can serve this process, else None: not built (no PyTorch at
+    build time, FLASHTRAIN_TORCH=OFF), turned off (FLASHTRAIN_TORCH_EXT=0), or built against
+    another PyTorch than the one imported (its C++ ABI is that version's), or for another Python."""
+    if os.environ.get("FLASHTRAIN_TORCH_EXT", "1") == "0":
+        return None
+    try:
+        from . import _torch_build
+    except ImportError:
+        return None
+    if _torch_build.TORCH_VERSION != str(torch.__version__):
+        warnings.warn(f"flashtrain: the PyTorch extension was built against torch "
+                      f"{_torch_build.TORCH_VERSION}, this is {torch.__version__}: PyTorch "
+                      "tensors take the DLPack route (reinstall flashtrain to build it again)",
+                      RuntimeWarning, stacklevel=3)
+        return None
+    try:
+        from . import _torch_ext
+    except ImportError as e:
+        warnings.warn(f"flashtrain: the PyTorch extension does not load ({e}): PyTorch tensors "
+                      "take the DLPack route", RuntimeWarning, stacklevel=3)
+        return None
+    return _torch_ext
 
 
 def _torch_handles():
     global _torch
     if _torch is None:
-        _torch = _Torch(sys.modules["torch"])
+        torch = sys.modules["torch"]
+        extension = _torch_extension(torch)
+        _torch = _Torch(torch) if extension is None else _TorchExtension(torch, extension)
     return _torch
 
 

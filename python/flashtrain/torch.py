@@ -2,12 +2,16 @@
 
 ``flash_attn_func`` and ``flash_attn_varlen_func`` take the arguments of the flash-attn
 package's functions of the same names, with the same meaning. Under ``torch.compile`` they run
-two ``torch.library`` custom ops, ``flashtrain::attention_forward`` and
+two ``torch.library`` ops, ``flashtrain::attention_forward`` and
 ``flashtrain::attention_backward``, each with a fake (meta) implementation, and an autograd
 formula joining them, so that ``torch.compile(fullgraph=True)`` sees one opaque, differentiable
-op. Eagerly the same two calls run through a plain ``torch.autograd.Function`` (and without
-autograd when no input needs a gradient): the custom op's dispatch costs tens of microseconds a
-call on the host, which small shapes would feel. Both routes run the same kernels.
+op. The ops are C++ ops (CPU and CUDA kernels in ``flashtrain._torch_ext``) where the package
+was built with that extension against this PyTorch, else Python custom ops over the DLPack
+route (flashtrain.attention's two routes); their fake implementations and autograd formula are
+the ones below either way. Eagerly the same two calls run through a plain
+``torch.autograd.Function`` (and without autograd when no input needs a gradient): an op's
+dispatch costs microseconds a call on the host (a Python custom op's tens), which small shapes
+would feel. Every route runs the same kernels.
 
 ``deterministic=True`` makes the backward bit-reproducible (on the GPU in bf16 the tma backward
 orders its dQ sums, at a cost; where the device or head dim has no such path the call raises
@@ -37,10 +41,9 @@ _MAX_HEAD_DIM = 256
 _BF16, _FP32 = torch.bfloat16, torch.float32
 _DTYPES = (_BF16, _FP32)
 _UNBOUNDED = (-1, -1)  # flash-attn's default window_size: no window
-# The module's route for PyTorch tensors on the current stream (capsules in, tensors out).
+# flashtrain.attention's route for PyTorch tensors on the current stream: the extension
+# (at::Tensor in and out) where it loads, else the nanobind module (capsules in, tensors out).
 _TORCH = _attention._torch_handles()
-_ext = _attention._ext
-_EXPORT_CAPSULE = _attention._EXPORT_CAPSULE
 # The module's settings (causal, window, scale, impl, config) of flash_attn_func's common call.
 _CAUSAL_SETTINGS = (True, 0, 0.0, "flash", None)
 _FULL_SETTINGS = (False, 0, 0.0, "flash", None)
@@ -53,31 +56,44 @@ def _lse_shape(q):
     return (q.shape[0], q.shape[2], q.shape[1])
 
 
-@torch.library.custom_op("flashtrain::attention_forward", mutates_args=())
-def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                segment_ids: Optional[torch.Tensor], causal: bool, window: int, scale: float,
-                impl: str, config: str, deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+def _forward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  segment_ids: Optional[torch.Tensor], causal: bool, window: int, scale: float,
+                  impl: str, config: str,
+                  deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     # deterministic is the backward's; the forward carries it to the autograd formula.
     return _forward_call(q, k, v, segment_ids, causal, window, scale, impl, config)
 
 
-@_forward_op.register_fake
+def _backward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                   lse: torch.Tensor, do: torch.Tensor, segment_ids: Optional[torch.Tensor],
+                   causal: bool, window: int, scale: float, impl: str, config: str,
+                   deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward_call(q, k, v, o, lse, do, segment_ids, causal, window, scale, impl, config,
+                          deterministic)
+
+
+# One definition of the ops: the extension's C++ ops (its kernels are its eager functions'
+# C++, with the same schemas as _forward_impl's and _backward_impl's), or the Python custom ops
+# around those two functions. A process holds one: the choice is _TORCH's, made once.
+if _TORCH.extension is not None:
+    _TORCH.extension.register_ops()
+    _forward_op = torch.ops.flashtrain.attention_forward.default
+    _backward_op = torch.ops.flashtrain.attention_backward.default
+else:
+    _forward_op = torch.library.custom_op("flashtrain::attention_forward", _forward_impl,
+                                          mutates_args=())
+    _backward_op = torch.library.custom_op("flashtrain::attention_backward", _backward_impl,
+                                           mutates_args=())
+
+
+@torch.library.register_fake("flashtrain::attention_forward")
 def _(q, k, v, segment_ids, causal, window, scale, impl, config, deterministic):
     o = q.new_empty(q.shape)
     lse = q.new_empty(_lse_shape(q), dtype=torch.float32)
     return o, lse
 
 
-@torch.library.custom_op("flashtrain::attention_backward", mutates_args=())
-def _backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                 lse: torch.Tensor, do: torch.Tensor, segment_ids: Optional[torch.Tensor],
-                 causal: bool, window: int, scale: float, impl: str, config: str,
-                 deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _backward_call(q, k, v, o, lse, do, segment_ids, causal, window, scale, impl, config,
-                          deterministic)
-
-
-@_backward_op.register_fake
+@torch.library.register_fake("flashtrain::attention_backward")
 def _(q, k, v, o, lse, do, segment_ids, causal, window, scale, impl, config, deterministic):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
@@ -96,7 +112,8 @@ def _backward(ctx, do, _dlse):
     return dq, dk, dv, None, None, None, None, None, None, None
 
 
-_forward_op.register_autograd(_backward, setup_context=_setup_context)
+torch.library.register_autograd("flashtrain::attention_forward", _backward,
+                                setup_context=_setup_context)
 
 
 # ---------------------------------------------------------------- the eager route
@@ -144,15 +161,12 @@ class _EagerAttention(torch.autograd.Function):
 
 def _attend_eager(q, k, v, causal, deterministic):
     """o of flash_attn_func's common eager call (flash, no window, the default scale and
-    configuration): _attend's eager routes, with _TORCH.forward inline when no gradient is
-    wanted."""
-    settings = _CAUSAL_SETTINGS if causal else _FULL_SETTINGS
+    configuration): _attend's eager routes, straight to the route's module call when no
+    gradient is wanted."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        settings = _CAUSAL_SETTINGS if causal else _FULL_SETTINGS
         return _EagerAttention.apply(q, k, v, None, settings, deterministic)
-    to = _TORCH.to_capsule
-    return _ext.forward(to(q), to(k), to(v), None, causal, 0, 0.0, "flash", None,
-                        _TORCH.current_stream(q.get_device()) if q.is_cuda else 0, None,
-                        _EXPORT_CAPSULE, _TORCH.from_capsule)[0]
+    return _TORCH.call_forward(q, k, v, None, causal, 0, 0.0, "flash", None)[0]
 
 
 def _attend(q, k, v, segment_ids, causal, window, scale, impl, config, deterministic):

@@ -17,7 +17,6 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -26,6 +25,7 @@
 
 #include "attention/attention.h"
 #include "attention/kernel_config.h"
+#include "attention_call.h"
 #include "core/device.h"
 #include "core/error.h"
 #include "core/tensor.h"
@@ -43,135 +43,12 @@ namespace ft::python {
 namespace {
 
 using Array = nb::ndarray<nb::ro>;  // any dtype, shape, strides and device
-using dtype_code = nb::dlpack::dtype_code;
-
-bool same_dtype(nb::dlpack::dtype a, nb::dlpack::dtype b) {
-  return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
-}
-
-std::string dtype_str(nb::dlpack::dtype d) {
-  const char* kind = "?";
-  switch (static_cast<dtype_code>(d.code)) {
-    case dtype_code::Int:
-      kind = "int";
-      break;
-    case dtype_code::UInt:
-      kind = "uint";
-      break;
-    case dtype_code::Float:
-      kind = "float";
-      break;
-    case dtype_code::Bfloat:
-      kind = "bfloat";
-      break;
-    case dtype_code::Complex:
-      kind = "complex";
-      break;
-    case dtype_code::Bool:
-      kind = "bool";
-      break;
-    default:
-      return str("dlpack-code", static_cast<int>(d.code), "-bits", static_cast<int>(d.bits));
-  }
-  return str(kind, static_cast<int>(d.bits), d.lanes != 1 ? str("x", d.lanes) : "");
-}
-
-std::string shape_of(const Array& a) {
-  Shape s;
-  for (size_t i = 0; i < a.ndim(); ++i) s.push_back(static_cast<int64_t>(a.shape(i)));
-  return shape_str(s);
-}
-
-std::string strides_of(const Array& a) {
-  Shape s;
-  for (size_t i = 0; i < a.ndim(); ++i) s.push_back(a.stride(i));
-  return shape_str(s);
-}
-
-// The element type an array holds for the library: fp32, fp64, bf16 (DLPack bfloat16, or uint16
-// carrying bf16 bits) or int32.
-DType library_dtype(const char* name, const Array& a) {
+// The array as the shared call code (attention_call.h) reads it.
+ArrayView view(const Array& a) {
   const nb::dlpack::dtype d = a.dtype();
-  if (d.lanes == 1) {
-    const auto code = static_cast<dtype_code>(d.code);
-    if (code == dtype_code::Float && d.bits == 32) return DType::f32;
-    if (code == dtype_code::Float && d.bits == 64) return DType::f64;
-    if (code == dtype_code::Bfloat && d.bits == 16) return DType::bf16;
-    if (code == dtype_code::UInt && d.bits == 16) return DType::bf16;
-    if (code == dtype_code::Int && d.bits == 32) return DType::i32;
-  }
-  throw nb::type_error(str("attention: ", name, " has dtype ", dtype_str(d),
-                           " (allowed: float32, bfloat16 or uint16 holding bf16 bits, float64; "
-                           "segment ids int32)")
-                           .c_str());
-}
-
-Device device_of(const char* name, const Array& a) {
-  if (a.device_type() == nb::device::cpu::value) return Device::cpu;
-  if (a.device_type() == nb::device::cuda::value) {
-#ifdef FLASHTRAIN_WITH_CUDA
-    return Device::cuda;
-#else
-    throw nb::value_error(str("attention: ", name,
-                              " is on a CUDA device, but this flashtrain "
-                              "module was built without CUDA (reinstall with FLASHTRAIN_CUDA=ON)")
-                              .c_str());
-#endif
-  }
-  throw nb::value_error(str("attention: ", name, " is on DLPack device type ", a.device_type(),
-                            " (allowed: CPU, CUDA)")
-                            .c_str());
-}
-
-// A borrowed tensor over the array's memory: rank, contiguity and alignment checked here, the
-// shapes against each other by the library.
-Tensor borrow(const char* name, const Array& a, size_t rank, const char* layout) {
-  if (a.ndim() != rank) {
-    throw nb::value_error(
-        str("attention: ", name, " must be ", rank, "-D ", layout, ", got shape ", shape_of(a))
-            .c_str());
-  }
-  const DType dtype = library_dtype(name, a);
-  const Device device = device_of(name, a);
-  int64_t expected = 1;
-  for (size_t i = rank; i-- > 0;) {
-    if (a.shape(i) != 1 && a.stride(i) != expected) {
-      throw nb::value_error(str("attention: ", name, " is not contiguous (shape ", shape_of(a),
-                                ", strides ", strides_of(a),
-                                " in elements); pass a C-contiguous array "
-                                "(numpy.ascontiguousarray, tensor.contiguous())")
-                                .c_str());
-    }
-    expected *= static_cast<int64_t>(a.shape(i));
-  }
-  const auto address = reinterpret_cast<uintptr_t>(a.data());
-  if (device == Device::cuda && address % 16 != 0) {
-    throw nb::value_error(str("attention: ", name,
-                              " starts at an address that is not 16-byte "
-                              "aligned (",
-                              address % 16,
-                              " bytes past); the CUDA kernels load 16 "
-                              "bytes at a time: pass a copy")
-                              .c_str());
-  }
-  const Shape shape(a.shape_ptr(), a.shape_ptr() + rank);  // one allocation, not one a dim
-  return Tensor::wrap(const_cast<void*>(a.data()), shape, dtype, device);
-}
-
-// Everything of one call that must agree with q: the DLPack dtype (so that uint16 and bfloat16
-// are not mixed) and the device.
-void check_like_q(const char* name, const Array& a, const Array& q) {
-  if (!same_dtype(a.dtype(), q.dtype())) {
-    throw nb::type_error(str("attention: ", name, " has dtype ", dtype_str(a.dtype()), ", q has ",
-                             dtype_str(q.dtype()), " (they must be the same)")
-                             .c_str());
-  }
-  if (a.device_type() != q.device_type() || a.device_id() != q.device_id()) {
-    throw nb::value_error(str("attention: ", name, " is on device (", a.device_type(), ", ",
-                              a.device_id(), "), q on (", q.device_type(), ", ", q.device_id(),
-                              ") (DLPack device type, id): they must be on one device")
-                              .c_str());
-  }
+  return ArrayView{
+      a.data(),        a.ndim(),     a.shape_ptr(), a.stride_ptr(), {d.code, d.bits, d.lanes},
+      a.device_type(), a.device_id()};
 }
 
 // The forms an output can be handed back in (python/flashtrain/attention.py picks one):
@@ -230,23 +107,6 @@ class CallContext {
   }
 
  private:
-#ifdef FLASHTRAIN_WITH_CUDA
-  // Makes q's GPU current on this thread. The library's one-GPU rule (cuda::init_device: another
-  // GPU is an ft::Error) is checked on a device's first call only, and the device is set only
-  // when the thread's current one is another: the framework has usually made q's current, and
-  // the query costs less than setting it again.
-  static void use_device(int device_id) {
-    static std::atomic<int> ready{-1};
-    if (ready.load(std::memory_order_acquire) != device_id) {
-      cuda::init_device(device_id);
-      ready.store(device_id, std::memory_order_release);
-    }
-    int current = -1;
-    FT_CUDA_CHECK(cudaGetDevice(&current));
-    if (current != device_id) FT_CUDA_CHECK(cudaSetDevice(device_id));
-  }
-#endif
-
   uintptr_t stream_;
   nb::object stream_owner_;
   nb::object from_capsule_;
@@ -267,18 +127,7 @@ struct Keeper {
   // until the free); releasing it needs the GIL.
   nb::object stream_owner;
 
-  ~Keeper() {
-#ifdef FLASHTRAIN_WITH_CUDA
-    if (tensor.defined() && tensor.device() == Device::cuda) {
-      try {
-        cuda::StreamScope scope(reinterpret_cast<cudaStream_t>(stream));
-        tensor = Tensor();
-      } catch (...) {
-        // A failing free (a broken context) cannot be reported from a destructor.
-      }
-    }
-#endif
-  }
+  ~Keeper() { release_output(tensor, stream); }
 };
 
 // The DLPack dtype an output is handed back in: q's form for q-like outputs (bfloat16 or
@@ -392,39 +241,14 @@ nb::object hand_back(Tensor tensor, nb::dlpack::dtype q_form, const CallContext&
   return export_as<nb::array_api>(data, shape, owner, dtype, device_type, device_id);
 }
 
-struct Inputs {
-  Tensor q, k, v, segment_ids;
-  attention::Problem problem;
-};
-
+// The call's inputs borrowed and checked (attention_call.h); segment_ids: an invalid array for
+// None.
 Inputs borrow_inputs(const Array& q, const Array& k, const Array& v, const Array& segment_ids,
                      bool causal, int64_t window, double scale, bool deterministic) {
-  Inputs in;
-  in.q = borrow("q", q, 4, "[B, S, Hq, D]");
-  check_like_q("k", k, q);
-  check_like_q("v", v, q);
-  in.k = borrow("k", k, 4, "[B, S, Hkv, D]");
-  in.v = borrow("v", v, 4, "[B, S, Hkv, D]");
-  if (in.q.dtype() == DType::i32) {
-    throw nb::type_error(
-        "attention: q, k and v have dtype int32 (allowed: float32, bfloat16 or "
-        "uint16 holding bf16 bits, float64)");
-  }
-  attention::Mask mask;
-  mask.causal = causal;
-  mask.window = window;
-  if (segment_ids.is_valid()) {
-    in.segment_ids = borrow("segment_ids", segment_ids, 2, "[B, S]");
-    if (in.segment_ids.dtype() != DType::i32) {
-      throw nb::type_error(str("attention: segment_ids has dtype ", dtype_str(segment_ids.dtype()),
-                               " (allowed: int32)")
-                               .c_str());
-    }
-    mask.has_segments = true;
-  }
-  in.problem = attention::make_problem(in.q, in.k, in.v, mask, scale);
-  in.problem.deterministic = deterministic;
-  return in;
+  const ArrayView segments = segment_ids.is_valid() ? view(segment_ids) : ArrayView{};
+  return python::borrow_inputs(view(q), view(k), view(v),
+                               segment_ids.is_valid() ? &segments : nullptr, causal, window, scale,
+                               deterministic);
 }
 
 // How far a forward call goes: a call goes all the way; bench/python_attention.py's pieces stop
@@ -502,27 +326,11 @@ nb::tuple backward(const Array& q, const Array& k, const Array& v, const Array& 
   const attention::Impl impl = attention::parse_impl(impl_name);
   const CallContext call(q, stream, std::move(stream_owner), export_form, std::move(from_capsule));
   const Inputs in = borrow_inputs(q, k, v, segment_ids, causal, window, scale, deterministic);
-  // The reference widens any float dtype (its o is fp64 whatever q is); the others take q's.
-  if (impl != attention::Impl::reference) check_like_q("o", o, q);
-  check_like_q("do", dout, q);
-  attention::ForwardOutput fwd;
-  fwd.o = borrow("o", o, 4, "[B, S, Hq, D]");
-  fwd.lse = borrow("lse", lse, 3, "[B, Hq, S]");
-  if (fwd.lse.dtype() != DType::f32 && fwd.lse.dtype() != DType::f64) {
-    throw nb::type_error(
-        str("attention: lse has dtype ", dtype_str(lse.dtype()), " (allowed: float32, float64)")
-            .c_str());
-  }
-  const Tensor d_out = borrow("do", dout, 4, "[B, S, Hq, D]");
+  BackwardInputs extra = borrow_backward_inputs(impl, view(q), view(o), view(lse), view(dout));
   attention::Gradients g;
   {
     nb::gil_scoped_release release;
-    // naive's backward reads the probabilities its forward keeps, which are not handed out:
-    // it recomputes them.
-    if (impl == attention::Impl::naive) {
-      fwd = attention::forward(impl, in.problem, in.q, in.k, in.v, in.segment_ids);
-    }
-    g = attention::backward(impl, in.problem, in.q, in.k, in.v, fwd, d_out, in.segment_ids, config);
+    g = run_backward(impl, in, std::move(extra), config);
   }
   return nb::make_tuple(hand_back(std::move(g.dq), q.dtype(), call),
                         hand_back(std::move(g.dk), q.dtype(), call),
@@ -542,6 +350,8 @@ NB_MODULE(_flashtrain, m) {
       std::rethrow_exception(p);
     } catch (const OutOfMemory& e) {
       PyErr_SetString(PyExc_MemoryError, e.what());
+    } catch (const python::ArgumentTypeError& e) {
+      PyErr_SetString(PyExc_TypeError, e.what());
     } catch (const Error& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
     }
