@@ -22,7 +22,7 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
 build/flashtrain info
 # One test per core, each on one thread (the tests take the caller's OMP_NUM_THREADS): two tests'
 # OpenMP teams on two cores wait at every barrier for each other's preempted threads (ctest took
-# 700 s on this machine with two threads a test, 198 s with one). tests/nn/test_threads.cpp and
+# 700 s on this machine with two threads a test, 132 s with one). tests/nn/test_threads.cpp and
 # tests/attention/test_attention_threads.cpp set their own thread counts, so the threaded paths
 # are still tested.
 (cd build && OMP_NUM_THREADS=1 ctest --output-on-failure --timeout 900 -j "$(nproc)")
