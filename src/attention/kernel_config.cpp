@@ -114,7 +114,8 @@ KernelConfig KernelConfig::parse(const std::string& text, const KernelConfig& ba
   const std::string expected =
       "expected 'fwd=MxN/THREADS[/FPATH] bwd=MxN/THREADS/PATH', e.g. 'fwd=128x64/128 "
       "bwd=64x64/128/double' (either part may be left out; FPATH: mma (default), wgmma, or "
-      "tma[/sSTAGES][/pp|/nopp] (default /s2/pp); PATH: single, double, wgmma or tma)";
+      "tma[/sSTAGES][/pp|/nopp] (default /s2, and /pp over 64 rows); PATH: single, double, wgmma "
+      "or tma)";
   KernelConfig c = base;
   std::istringstream words(text);
   std::string word;
@@ -128,7 +129,8 @@ KernelConfig KernelConfig::parse(const std::string& text, const KernelConfig& ba
       FT_CHECK(tma || (!m[5].matched && !m[6].matched), "kernel config: '", word,
                "': stages (/sN) and turns (/pp, /nopp) belong to the tma path only: ", expected);
       c.forward_stages = tma ? (m[5].matched ? config_number(m[5], text) : 2) : 0;
-      c.forward_pingpong = tma && (!m[6].matched || m[6] == "pp");
+      // Turns need two consumer groups: a 64-row tma tile (one group) defaults to /nopp.
+      c.forward_pingpong = tma && (m[6].matched ? m[6] == "pp" : c.forward.block_m > 64);
     } else if (std::regex_match(word, m, bwd_re)) {
       c.backward = {config_number(m[1], text), config_number(m[2], text),
                     config_number(m[3], text)};

@@ -11,6 +11,13 @@
 // slot and leaves by TMA stores. K and V stream through a ring of `stages` slots of block_n
 // keys. With `pingpong` the consumer warpgroups take turns issuing their products, so that one
 // group's softmax runs while another's products use the tensor cores.
+//
+// A plan of two or three consumer groups runs one block per SM. A plan of one group (64 query
+// rows) runs as many blocks per SM as shared memory and registers allow (two or three): each
+// block's work tiles start and end on their own, so one block's first and last key tiles (a
+// product without the softmax beside it) and its epilogue run while another block is in the
+// middle of its tiles. Short work tiles (sliding windows, documents, short sequences) pay those
+// ramps often; a 64-row tile also covers a window's or a document's edge more tightly.
 #pragma once
 
 #include <cstdint>
@@ -18,8 +25,13 @@
 namespace ft::attention {
 
 // Shared memory per block with the opt-in on sm90 (kernel_config.cpp's architecture table
-// asserts the same value).
+// asserts the same value), and per SM: blocks that share an SM also leave 1 KB each to the
+// system.
 inline constexpr int64_t kSm90SmemPerBlock = 232448;
+inline constexpr int64_t kSm90SmemPerSm = 233472;
+inline constexpr int64_t kSm90SmemReservedPerBlock = 1024;
+// Blocks of one SM (one-group plans): at most this many.
+inline constexpr int kTmaMaxBlocksPerSm = 3;
 // Registers of one SM, shared by the block's warpgroups (one block per SM).
 inline constexpr int kSm90RegistersPerSm = 65536;
 // With segment ids the producer classifies up to this many key tiles of a query tile into a
@@ -48,22 +60,59 @@ struct TmaForwardPlan {
     return slots * tile_bytes(block_m) + ring_bytes() + table_bytes() + barrier_bytes() +
            align_slack();
   }
-  constexpr int q_slots() const { return bytes_with_q_slots(2) <= kSm90SmemPerBlock ? 2 : 1; }
-  constexpr int64_t smem_bytes() const { return bytes_with_q_slots(q_slots()); }
 
-  // setmaxnreg: the producer keeps few registers, the consumers take the rest; the launch gives
-  // every thread launch_registers() (the kernel's register count under __launch_bounds__).
-  constexpr int launch_registers() const {
-    return (kSm90RegistersPerSm / threads()) / 8 * 8 > 255
-               ? 248
-               : (kSm90RegistersPerSm / threads()) / 8 * 8;
+  // ---- blocks per SM, and what each block may take ----
+  // Shared memory one of `blocks` blocks of an SM may take.
+  static constexpr int64_t smem_limit(int blocks) {
+    const int64_t share = kSm90SmemPerSm / blocks - kSm90SmemReservedPerBlock;
+    return share < kSm90SmemPerBlock ? share : kSm90SmemPerBlock;
   }
-  constexpr int producer_registers() const { return consumer_groups() == 2 ? 56 : 32; }
-  constexpr int consumer_registers() const {
-    return ((launch_registers() * threads() - 128 * producer_registers()) /
-            (128 * consumer_groups())) /
-           8 * 8;
+  constexpr int q_slots_for(int blocks) const {
+    return bytes_with_q_slots(2) <= smem_limit(blocks) ? 2 : 1;
   }
+  // setmaxnreg: the producer keeps few registers, the consumers take the rest of the block's
+  // share of the register file; the launch gives every thread launch_registers() (the kernel's
+  // register count under __launch_bounds__).
+  constexpr int launch_registers_for(int blocks) const {
+    const int r = (kSm90RegistersPerSm / (threads() * blocks)) / 8 * 8;
+    return r > 255 ? 248 : r;
+  }
+  // The producer's segment classification spills below 56 registers (a few words, outside the
+  // consumers' loop); three consumer groups, or three blocks an SM, leave it less.
+  constexpr int producer_registers_for(int blocks) const {
+    if (consumer_groups() == 3) return 32;
+    return blocks >= 3 ? 40 : 56;
+  }
+  constexpr int consumer_registers_for(int blocks) const {
+    const int r =
+        ((launch_registers_for(blocks) * threads() - 128 * producer_registers_for(blocks)) /
+         (128 * consumer_groups())) /
+        8 * 8;
+    return r > 256 ? 256 : r;
+  }
+  // S (block_n / 2 floats), P (block_n / 4 words) and O (head_dim / 2 floats) live at once,
+  // with about 32 registers of addresses, row state and loop counters.
+  constexpr int accumulator_registers() const {
+    return block_n / 2 + block_n / 4 + head_dim / 2 + 32;
+  }
+  constexpr bool fits(int blocks) const {
+    return bytes_with_q_slots(q_slots_for(blocks)) <= smem_limit(blocks) &&
+           accumulator_registers() <= consumer_registers_for(blocks);
+  }
+  // One block per SM with two or more consumer groups; with one, the most that fit (1 when
+  // none does: tma_plan_defect then refuses the plan).
+  constexpr int blocks_per_sm() const {
+    if (consumer_groups() > 1) return 1;
+    for (int b = kTmaMaxBlocksPerSm; b > 1; --b) {
+      if (fits(b)) return b;
+    }
+    return 1;
+  }
+  constexpr int q_slots() const { return q_slots_for(blocks_per_sm()); }
+  constexpr int64_t smem_bytes() const { return bytes_with_q_slots(q_slots()); }
+  constexpr int launch_registers() const { return launch_registers_for(blocks_per_sm()); }
+  constexpr int producer_registers() const { return producer_registers_for(blocks_per_sm()); }
+  constexpr int consumer_registers() const { return consumer_registers_for(blocks_per_sm()); }
 
   constexpr bool operator==(const TmaForwardPlan& o) const {
     return head_dim == o.head_dim && block_m == o.block_m && block_n == o.block_n &&
@@ -76,13 +125,23 @@ struct TmaForwardPlan {
 // sm90 rows of the default table (kernel_config.cpp) name the winners.
 // {head_dim, block_m, block_n, stages, pingpong, compiled_by_default}
 inline constexpr TmaForwardPlan kTmaForwardPlans[] = {
-    {64, 128, 128, 2, true, true},    {64, 128, 64, 2, true, false},
-    {64, 128, 128, 3, true, false},   {64, 128, 128, 2, false, false},
-    {64, 192, 128, 2, true, true},    {64, 192, 64, 2, true, false},
-    {128, 128, 128, 2, true, true},   {128, 128, 64, 2, true, false},
-    {128, 128, 128, 2, false, false}, {128, 128, 64, 3, true, false},
-    {128, 192, 64, 2, true, false},   {256, 128, 64, 2, true, true},
+    {64, 128, 128, 2, true, true},
+    {64, 128, 64, 2, true, false},
+    {64, 128, 128, 3, true, false},
+    {64, 128, 128, 2, false, false},
+    {64, 192, 128, 2, true, true},
+    {64, 192, 64, 2, true, false},
+    {128, 128, 128, 2, true, true},
+    {128, 128, 64, 2, true, false},
+    {128, 128, 128, 2, false, false},
+    {128, 128, 64, 3, true, false},
+    {128, 192, 64, 2, true, false},
+    {256, 128, 64, 2, true, true},
     {256, 128, 64, 2, false, false},
+    // One consumer group, several blocks per SM (blocks_per_sm(): 3, 2, 2).
+    {64, 64, 64, 2, false, true},
+    {64, 64, 128, 2, false, true},
+    {128, 64, 64, 2, false, true},
 };
 inline constexpr int kTmaForwardPlanCount =
     static_cast<int>(sizeof(kTmaForwardPlans) / sizeof(kTmaForwardPlans[0]));
@@ -90,14 +149,19 @@ inline constexpr int kTmaForwardPlanCount =
 // Why a plan cannot be built, or nullptr: the rules the kernel template also asserts.
 constexpr const char* tma_plan_defect(const TmaForwardPlan& p) {
   if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return "head dim 64, 128 or 256";
-  if (p.block_m != 128 && p.block_m != 192) return "two or three consumer warpgroups";
+  if (p.block_m != 64 && p.block_m != 128 && p.block_m != 192) {
+    return "one, two or three consumer warpgroups";
+  }
   if (p.block_n != 64 && p.block_n != 128) return "key tiles of 64 or 128";
   if (p.stages < 1 || p.stages > 4) return "1 to 4 stages";
-  if (p.smem_bytes() > kSm90SmemPerBlock) return "shared memory over sm90's limit";
-  if (p.consumer_registers() > 256) return "more than 256 registers per consumer thread";
-  // S (block_n / 2 floats), P (block_n / 4 words) and O (head_dim / 2 floats) live at once,
-  // with about 32 registers of addresses, row state and loop counters.
-  if (p.block_n / 2 + p.block_n / 4 + p.head_dim / 2 + 32 > p.consumer_registers()) {
+  if (p.pingpong && p.consumer_groups() < 2) return "turns (pingpong) need two consumer groups";
+  if (p.consumer_groups() == 1 && p.blocks_per_sm() < 2) {
+    return "one consumer group needs two or more blocks per SM (shared memory, registers)";
+  }
+  if (p.smem_bytes() > TmaForwardPlan::smem_limit(p.blocks_per_sm())) {
+    return "shared memory over sm90's limit";
+  }
+  if (p.accumulator_registers() > p.consumer_registers()) {
     return "accumulators exceed the consumer registers";
   }
   return nullptr;

@@ -65,6 +65,13 @@ TEST(KernelConfig, TmaPathInText) {
   EXPECT_EQ(seq.forward_stages, 3);
   EXPECT_FALSE(seq.forward_pingpong);
   EXPECT_EQ(seq.forward_str(), "fwd=128x64/384/tma/s3/nopp");
+  // One consumer group (64 rows) has no partner to take turns with: /nopp unless asked.
+  const KernelConfig one = KernelConfig::parse("fwd=64x64/256/tma");
+  EXPECT_EQ(one.forward_stages, 2);
+  EXPECT_FALSE(one.forward_pingpong);
+  EXPECT_EQ(one.forward_str(), "fwd=64x64/256/tma/s2/nopp");
+  EXPECT_NE(find_tma_plan(one, 128), nullptr);
+  EXPECT_EQ(find_tma_plan(KernelConfig::parse("fwd=64x64/256/tma/s2/pp"), 128), nullptr);
   // Back to another path: the tma knobs are cleared, so configurations compare equal.
   EXPECT_EQ(KernelConfig::parse("fwd=128x128/256/wgmma", c),
             KernelConfig::parse("fwd=128x128/256/wgmma bwd=64x128/256/wgmma"));
@@ -98,6 +105,29 @@ TEST(KernelConfig, TmaPlansAreTheCandidates) {
     }
   }
   EXPECT_EQ(plans, kTmaForwardPlanCount);
+}
+
+// A plan of one consumer group shares its SM with one or two more blocks: their shared memory
+// (and the 1 KB the system keeps for each) and their registers fit the SM together. Plans of
+// two or three groups have the SM to themselves.
+TEST(KernelConfig, OneGroupTmaPlansShareTheSm) {
+  int shared = 0;
+  for (const TmaForwardPlan& plan : kTmaForwardPlans) {
+    const int blocks = plan.blocks_per_sm();
+    if (plan.consumer_groups() > 1) {
+      EXPECT_EQ(blocks, 1) << plan.block_m << "x" << plan.block_n;
+      continue;
+    }
+    ++shared;
+    EXPECT_GE(blocks, 2) << plan.head_dim << " " << plan.block_n;
+    EXPECT_LE(blocks * (plan.smem_bytes() + kSm90SmemReservedPerBlock), kSm90SmemPerSm);
+    EXPECT_LE(blocks * plan.threads() * plan.launch_registers(), kSm90RegistersPerSm);
+    EXPECT_LE(128 * (plan.producer_registers() + plan.consumer_registers()),
+              plan.launch_registers() * plan.threads())
+        << "setmaxnreg would wait for registers the block does not have";
+    EXPECT_FALSE(plan.pingpong);
+  }
+  EXPECT_GT(shared, 0);
 }
 
 TEST(KernelConfig, TmaReasons) {

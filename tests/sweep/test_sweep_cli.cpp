@@ -54,11 +54,11 @@ TEST(SweepCli, DryRunSm90ListsEveryCandidateWithVerdicts) {
       std::string::npos);
   // A tma backward base is checked against the wgmma 64x64 backward.
   EXPECT_NE(r.output.find("reference row: fwd=64x64/128 bwd=64x64/128/wgmma"), std::string::npos);
-  // The reference, the base and 15 more forward tiles (8 mma, 3 wgmma, the 4 other tma plans of
+  // The reference, the base and 16 more forward tiles (8 mma, 3 wgmma, the 5 other tma plans of
   // head dim 128); the tma backward has one tile, the base's.
-  EXPECT_EQ(table_rows(r.output), 17) << r.output;
+  EXPECT_EQ(table_rows(r.output), 18) << r.output;
   EXPECT_GE(count(r.output, "can run"), 3);  // ref, base and 64x64 forward are always compiled
-  EXPECT_NE(r.output.find("17 rows"), std::string::npos);
+  EXPECT_NE(r.output.find("18 rows"), std::string::npos);
 
   // Every path: the mma.sync backward tiles too, refused with can_implement's reasons.
   const test::CommandResult all = test::run_cli("sweep --dry-run --arch sm90 --all-paths");

@@ -2,8 +2,9 @@
 // built from the pieces of hopper.cuh; one kernel template, instantiated per tile plan
 // (tma_plans.h) by flash_bf16_tma_fwd_d*.cu.
 //
-// A block is persistent: it walks work tiles (64 * groups query rows of one head of one batch
-// row) in the order of TileOrder, longest first, and is made of
+// A block is persistent (one per SM, or two or three of one consumer group each: the plan's
+// blocks_per_sm()): it walks work tiles (64 * groups query rows of one head of one batch row) in
+// the order of TileOrder, longest first, and is made of
 //   - a producer warpgroup that gives most of its registers away; one warp of it issues every
 //     copy: Q of each work tile, and K and V of each visible key tile into a ring of `stages`
 //     slots, all through the copy engine (TMA) onto mbarriers;
@@ -631,7 +632,8 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
 // ---- the kernel ----
 
 template <int PLAN, bool SEG>
-__global__ void __launch_bounds__(kTmaForwardPlans[PLAN].threads(), 1)
+__global__ void __launch_bounds__(kTmaForwardPlans[PLAN].threads(),
+                                  kTmaForwardPlans[PLAN].blocks_per_sm())
     tma_forward_kernel(const __grid_constant__ TmaForwardArgs args) {
 #ifdef FT_HOPPER_ENABLED
   constexpr TmaForwardPlan P = kTmaForwardPlans[PLAN];
@@ -702,7 +704,14 @@ void launch_tma_forward(const FlashParams& p, cudaStream_t stream) {
       p.segment_ids != nullptr ? tma_forward_kernel<PLAN, true> : tma_forward_kernel<PLAN, false>;
   FT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(P.smem_bytes())));
-  const int grid = std::min(a.order.count(), sm_count());  // one block per SM
+  if constexpr (P.blocks_per_sm() > 1) {
+    // All of the SM's shared memory for the blocks (the driver may otherwise keep part of it as
+    // L1 and fit fewer of them).
+    FT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                       cudaSharedmemCarveoutMaxShared));
+  }
+  // Persistent: blocks_per_sm() blocks on every SM.
+  const int grid = std::min(a.order.count(), sm_count() * P.blocks_per_sm());
   kernel<<<grid, P.threads(), P.smem_bytes(), stream>>>(a);
   FT_CUDA_CHECK(cudaGetLastError());
 }
