@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""How evenly the tma forward's persistent blocks share a problem's work tiles: a simulation.
+
+Builds the work-tile list as flash_tma_forward.cuh's TileOrder does (sections of (head, batch
+row) pairs whose K and V fit in 32 MiB of L2, inside a section the query blocks longest first,
+the pairs side by side) with each tile's cost in key tiles (plus a fixed cost per work tile,
+--ramp, in the same unit), then the largest block's total against the mean for
+  - snake: the kernel's deal (round r gives block b tile r * grid + b, reversed in odd rounds),
+  - dynamic: each block takes the next tile of the list when it starts its current one (an
+    atomic counter read by the producer one tile ahead; not implemented).
+No GPU: a model of the schedule only (every key tile costs the same, no clocks, no L2).
+
+  python3 bench/tile_order_sim.py                      # the bench's cases
+  python3 bench/tile_order_sim.py --shape 4,2048,32,8,64 --block-m 128 --ramp 2
+"""
+import argparse
+import heapq
+
+L2_BYTES_FOR_KV = 32 << 20  # kL2BytesForKv
+
+
+def key_tiles(seq_len, block_m, block_n, batch, q_heads, kv_heads, head_dim, causal, window):
+    """Key tiles per work tile, in TileOrder's order (make_tile_order, TileOrder::at)."""
+    q_blocks = (seq_len + block_m - 1) // block_m
+    pairs = batch * q_heads
+    kv_head_bytes = 2 * seq_len * head_dim * 2
+    kv_heads_fit = 1
+    while kv_heads_fit * 2 * kv_head_bytes <= L2_BYTES_FOR_KV:
+        kv_heads_fit *= 2
+    section_pairs = min(kv_heads_fit * (q_heads // kv_heads), pairs)
+    tiles = []
+    for first in range(0, pairs, section_pairs):
+        for rank in range(q_blocks):
+            q = q_blocks - 1 - rank if causal else rank
+            q0, q1 = q * block_m, min(q * block_m + block_m, seq_len)
+            lo = max(0, q0 - (window - 1)) if window else 0
+            hi = q1 if causal else seq_len
+            n = (hi + block_n - 1) // block_n - lo // block_n
+            tiles += [n] * min(section_pairs, pairs - first)
+    return tiles
+
+
+def snake(costs, grid):
+    load = [0.0] * grid
+    for t, c in enumerate(costs):
+        r, b = divmod(t, grid)
+        load[b if r % 2 == 0 else grid - 1 - b] += c
+    return max(load)
+
+
+def dynamic(costs, grid):
+    ends = list(costs[:grid])  # each block's queued work ends here
+    claims = [(0.0, b) for b in range(len(ends))]  # a block claims its next at its current's start
+    heapq.heapify(claims)
+    for c in costs[grid:]:
+        _, b = heapq.heappop(claims)
+        start = ends[b]
+        ends[b] = start + c
+        heapq.heappush(claims, (start, b))
+    return max(ends)
+
+
+CASES = {  # name: (S, B, Hq, Hkv, D, causal, window, block_m, block_n)
+    "hero-causal": (4096, 32, 16, 4, 128, True, 0, 128, 128),
+    "gpt2": (1024, 8, 12, 12, 64, True, 0, 128, 128),
+    "llama-4x2048": (2048, 4, 32, 8, 64, True, 0, 128, 128),
+    "llama-long": (32768, 1, 32, 8, 64, True, 0, 192, 128),
+    "llama-long-128": (32768, 1, 32, 8, 64, True, 0, 128, 128),
+}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", help="B,S,Hq,Hkv,D (causal unless --no-causal); default: the cases")
+    ap.add_argument("--no-causal", action="store_true")
+    ap.add_argument("--window", type=int, default=0)
+    ap.add_argument("--block-m", type=int, default=128)
+    ap.add_argument("--block-n", type=int, default=128)
+    ap.add_argument("--blocks", type=int, default=132, help="persistent blocks (H200: 132 SMs)")
+    ap.add_argument("--ramp", type=float, default=0.0, help="fixed cost a work tile, in key tiles")
+    a = ap.parse_args()
+    cases = CASES
+    if a.shape:
+        b, s, hq, hkv, d = (int(x) for x in a.shape.split(","))
+        cases = {a.shape: (s, b, hq, hkv, d, not a.no_causal, a.window, a.block_m, a.block_n)}
+    print(f"{'case':16} {'tiles':>6} {'snake':>7} {'dynamic':>8}  (mean block / largest block)")
+    for name, (s, b, hq, hkv, d, causal, window, bm, bn) in cases.items():
+        costs = [a.ramp + k for k in key_tiles(s, bm, bn, b, hq, hkv, d, causal, window)]
+        mean = sum(costs) / a.blocks
+        print(f"{name:16} {len(costs):6} {mean / snake(costs, a.blocks):7.3f} "
+              f"{mean / dynamic(costs, a.blocks):8.3f}")
+
+
+if __name__ == "__main__":
+    main()
