@@ -279,6 +279,25 @@ TEST_P(CudaLayers, RopeAndQkv) {
     EXPECT_EQ(max_abs_diff(cpu_out, out), 0.0);
   }
 
+  // More packs a position than a block's threads take in one round of loads (kernel: 128
+  // threads, four packs each): head dim 128 and 36 heads (bf16 576 packs, fp32 1152), so that
+  // rounds after the first and a partial last round run, the first 35 heads alone too.
+  {
+    const int64_t Dl = 128, Hl = 36;
+    const RopeTable cpu_table = make_rope_table(kT, Dl, 500000.0, true);
+    const RopeTable table = make_rope_table(kT, Dl, 500000.0, true, Device::cuda);
+    const Tensor xl = rnd({2, 5, Hl, Dl}, 22, dt());
+    Tensor want = poisoned(xl.shape(), dt());
+    rope_forward(want, xl, cpu_table);
+    Tensor got = gpu(xl);
+    rope_forward(got, got, table);
+    expect_match(got, want, tol(), "rope of 36 heads of 128, in place");
+    Tensor g_heads = gpu(xl), c_heads = xl.clone();
+    rope_backward_heads(g_heads, table, Hl - 1);
+    rope_backward_heads(c_heads, cpu_table, Hl - 1);
+    expect_match(g_heads, c_heads, tol(), "rope back of the first 35 heads of 128");
+  }
+
   const Tensor qkv = rnd({kB, kT, (Hq + 2 * Hkv) * D}, 21, dt());
   Tensor q = poisoned({kB, kT, Hq, D}, dt()), k = poisoned({kB, kT, Hkv, D}, dt()),
          v = poisoned({kB, kT, Hkv, D}, dt());
