@@ -26,13 +26,8 @@
 
 #include <cstdint>
 
+#include "core/host_device.h"
 #include "core/tensor.h"
-
-#ifdef __CUDACC__
-#define FT_HOST_DEVICE __host__ __device__
-#else
-#define FT_HOST_DEVICE
-#endif
 
 namespace ft {
 

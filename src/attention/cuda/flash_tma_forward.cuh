@@ -4,7 +4,7 @@
 //
 // A block is persistent (one per SM, or two or three of one consumer group each: the plan's
 // blocks_per_sm()): it walks work tiles (64 * groups query rows of one head of one batch row) in
-// the order of TileOrder, longest first, and is made of
+// the order of TileOrder (attention/tile_order.h), longest first, and is made of
 //   - a producer warpgroup that gives most of its registers away; one warp of it issues every
 //     copy: Q of each work tile, and K and V of each visible key tile into a ring of `stages`
 //     slots, all through the copy engine (TMA) onto mbarriers;
@@ -35,6 +35,7 @@
 
 #include "attention/cuda/flash_bf16.cuh"
 #include "attention/cuda/hopper.cuh"
+#include "attention/tile_order.h"
 #include "attention/tma_plans.h"
 
 namespace ft::attention::cuda {
@@ -58,43 +59,7 @@ using bf16_detail::quad_max;
 using bf16_detail::quad_sum;
 using namespace hopper;
 
-// ---- scheduler ----
-
-struct WorkTile {
-  int q_block, head, batch;
-};
-
-// The order of the work tiles. (head, batch row) pairs are cut into sections whose K and V fit
-// in L2 together; inside a section the query blocks go from the most keys to the fewest (causal:
-// the last query block first), so the longest tiles start first and the short ones fill the
-// tail. Heads of one GQA group are adjacent.
-//
-// Persistent blocks deal the list out in rounds of one tile per block, in a snake: round r gives
-// block b position r * grid + b when r is even and r * grid + grid - 1 - b when it is odd, so
-// the block that drew the longest tile of one round draws the shortest of the next (dealt in
-// the same direction every round, block 0 would draw the longest of every round: 2.4% more work
-// than the mean at the hero shape, 12% at GPT-2's, against 0.7% and 3% in a snake; a simulation
-// of the causal key-tile counts, docs/PERF.md t4).
-struct TileOrder {
-  int q_blocks = 0, pairs = 0, section_pairs = 1, q_heads = 0;
-  bool last_block_first = false;
-
-  __host__ __device__ int count() const { return q_blocks * pairs; }
-  // The work tile block `block` of `grid` takes in round `round` (>= count(): none; later rounds
-  // are past the end too).
-  __host__ __device__ static int dealt(int round, int block, int grid) {
-    return round * grid + (round % 2 == 0 ? block : grid - 1 - block);
-  }
-  __device__ WorkTile at(int t) const {
-    const int per_section = section_pairs * q_blocks;
-    const int section = t / per_section;
-    const int first_pair = section * section_pairs;
-    const int pairs_here = min(section_pairs, pairs - first_pair);
-    const int r = t - section * per_section;
-    const int rank = r / pairs_here, pair = first_pair + r % pairs_here;
-    return {last_block_first ? q_blocks - 1 - rank : rank, pair % q_heads, pair / q_heads};
-  }
-};
+// ---- scheduler: TileOrder (attention/tile_order.h) ----
 
 struct TmaForwardArgs {
   CUtensorMap q, k, v, o;
@@ -273,9 +238,11 @@ __device__ __forceinline__ void produce(const TmaForwardArgs& a, const Smem<PLAN
                w.batch);
     }
   };
-  for (int local = 0;; ++local) {
-    const int t = TileOrder::dealt(local, blockIdx.x, gridDim.x);
-    if (t >= a.order.count()) break;
+  // `local` counts this block's work tiles (the segment tables alternate by it), `step` its
+  // walk through the deal.
+  for (int local = 0, step = 0;; ++local, ++step) {
+    const int t = a.order.next_tile(step, blockIdx.x, gridDim.x);
+    if (t < 0) break;
     const WorkTile w = a.order.at(t);
     // The Q slot is free once the work tile that used it has stored its output from it (with
     // two slots: the one before last, so its segment table is free too).
@@ -498,9 +465,9 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
   };
   RingPosition<Smem<PLAN>::kQSlots> q_ring;
   RingPosition<P.stages> ring;
-  for (int local = 0;; ++local) {
-    const int t = TileOrder::dealt(local, blockIdx.x, gridDim.x);
-    if (t >= a.order.count()) break;
+  for (int local = 0, step = 0;; ++local, ++step) {  // as the producer walks
+    const int t = a.order.next_tile(step, blockIdx.x, gridDim.x);
+    if (t < 0) break;
     const WorkTile w = a.order.at(t);
     const KeyTiles<BM, BN, SEG> tiles(p, w, s.table_ids(local & 1), s.table_covers(local & 1),
                                       false);
@@ -671,24 +638,6 @@ __global__ void __launch_bounds__(kTmaForwardPlans[PLAN].threads(),
 
 // ---- host ----
 
-// Sections of (head, batch row) pairs whose K and V fit in this much L2 together.
-constexpr int64_t kL2BytesForKv = int64_t{32} << 20;
-
-inline TileOrder make_tile_order(const FlashParams& p, int block_m) {
-  TileOrder order;
-  order.q_blocks = (p.seq_len + block_m - 1) / block_m;
-  order.pairs = p.q_heads * p.batch;
-  order.q_heads = p.q_heads;
-  // Causal: later query blocks see more keys. A window alone bounds keys from below, so earlier
-  // blocks see more.
-  order.last_block_first = p.causal;
-  const int64_t kv_head_bytes = int64_t{2} * p.seq_len * p.head_dim * 2;
-  int64_t kv_heads = 1;
-  while (kv_heads * 2 * kv_head_bytes <= kL2BytesForKv) kv_heads *= 2;
-  order.section_pairs = static_cast<int>(std::min<int64_t>(kv_heads * p.group(), order.pairs));
-  return order;
-}
-
 template <int PLAN>
 void launch_tma_forward(const FlashParams& p, cudaStream_t stream) {
   constexpr TmaForwardPlan P = kTmaForwardPlans[PLAN];
@@ -699,7 +648,8 @@ void launch_tma_forward(const FlashParams& p, cudaStream_t stream) {
   a.o = head_tensor_map(p.o, p.batch, p.seq_len, p.q_heads, P.head_dim,
                         int64_t{p.q_heads} * P.head_dim, 64);
   a.p = p;
-  a.order = make_tile_order(p, P.block_m);
+  a.order =
+      make_tile_order(p.batch, p.seq_len, p.q_heads, p.kv_heads, p.head_dim, p.causal, P.block_m);
   auto kernel =
       p.segment_ids != nullptr ? tma_forward_kernel<PLAN, true> : tma_forward_kernel<PLAN, false>;
   FT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
