@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
 """How evenly the tma forward's persistent blocks share a problem's work tiles: a simulation.
 
-Builds the work-tile list as flash_tma_forward.cuh's TileOrder does (sections of (head, batch
-row) pairs whose K and V fit in 32 MiB of L2, inside a section the query blocks longest first,
-the pairs side by side) with each tile's cost in key tiles (plus a fixed cost per work tile,
---ramp, in the same unit), then the largest block's total against the mean for
-  - snake: the kernel's deal (round r gives block b tile r * grid + b, reversed in odd rounds),
+Builds the work-tile list as attention/tile_order.h does (sections of (head, batch row) pairs
+whose K and V fit in 32 MiB of L2, inside a section the query blocks longest first, the pairs
+side by side) with each tile's cost in key tiles (plus a fixed cost per work tile, --ramp, in
+the same unit), then the largest block's total against the mean for
+  - sections: the kernel's deal (TileOrder::next_tile: each section dealt in rounds of one tile
+    a block, in a snake: walk step s gives block b the round's tile b, or grid - 1 - b when s is
+    odd),
+  - one list: the deal before 2026-12-05 (the same snake over the whole list, so that rounds
+    straddle sections),
   - dynamic: each block takes the next tile of the list when it starts its current one (an
     atomic counter read by the producer one tile ahead; not implemented).
 No GPU: a model of the schedule only (every key tile costs the same, no clocks, no L2).
@@ -20,7 +24,8 @@ L2_BYTES_FOR_KV = 32 << 20  # kL2BytesForKv
 
 
 def key_tiles(seq_len, block_m, block_n, batch, q_heads, kv_heads, head_dim, causal, window):
-    """Key tiles per work tile, in TileOrder's order (make_tile_order, TileOrder::at)."""
+    """Key tiles per work tile in TileOrder's order (make_tile_order, TileOrder::at), and the
+    tiles a section."""
     q_blocks = (seq_len + block_m - 1) // block_m
     pairs = batch * q_heads
     kv_head_bytes = 2 * seq_len * head_dim * 2
@@ -37,14 +42,20 @@ def key_tiles(seq_len, block_m, block_n, batch, q_heads, kv_heads, head_dim, cau
             hi = q1 if causal else seq_len
             n = (hi + block_n - 1) // block_n - lo // block_n
             tiles += [n] * min(section_pairs, pairs - first)
-    return tiles
+    return tiles, section_pairs * q_blocks
 
 
-def snake(costs, grid):
+def snake(costs, grid, section_tiles=None):
+    """The busiest block's work when the list is dealt in sections (None: as one list)."""
+    per = section_tiles or len(costs)
     load = [0.0] * grid
-    for t, c in enumerate(costs):
-        r, b = divmod(t, grid)
-        load[b if r % 2 == 0 else grid - 1 - b] += c
+    step0 = 0  # walk steps of the sections before
+    for first in range(0, len(costs), per):
+        section = costs[first:first + per]
+        for t, c in enumerate(section):
+            r, b = divmod(t, grid)
+            load[b if (step0 + r) % 2 == 0 else grid - 1 - b] += c
+        step0 += (per + grid - 1) // grid
     return max(load)
 
 
@@ -83,12 +94,14 @@ def main():
     if a.shape:
         b, s, hq, hkv, d = (int(x) for x in a.shape.split(","))
         cases = {a.shape: (s, b, hq, hkv, d, not a.no_causal, a.window, a.block_m, a.block_n)}
-    print(f"{'case':16} {'tiles':>6} {'snake':>7} {'dynamic':>8}  (mean block / largest block)")
+    print(f"{'case':16} {'tiles':>6} {'sections':>8} {'one list':>8} {'dynamic':>8}"
+          "  (mean block / busiest block)")
     for name, (s, b, hq, hkv, d, causal, window, bm, bn) in cases.items():
-        costs = [a.ramp + k for k in key_tiles(s, bm, bn, b, hq, hkv, d, causal, window)]
+        tiles, per_section = key_tiles(s, bm, bn, b, hq, hkv, d, causal, window)
+        costs = [a.ramp + k for k in tiles]
         mean = sum(costs) / a.blocks
-        print(f"{name:16} {len(costs):6} {mean / snake(costs, a.blocks):7.3f} "
-              f"{mean / dynamic(costs, a.blocks):8.3f}")
+        print(f"{name:16} {len(costs):6} {mean / snake(costs, a.blocks, per_section):8.3f} "
+              f"{mean / snake(costs, a.blocks):8.3f} {mean / dynamic(costs, a.blocks):8.3f}")
 
 
 if __name__ == "__main__":
