@@ -138,6 +138,9 @@ inline constexpr TmaForwardPlan kTmaForwardPlans[] = {
     {128, 192, 64, 2, true, false},
     {256, 128, 64, 2, true, true},
     {256, 128, 64, 2, false, false},
+    // One K and one V slot, so that two Q slots fit at head dim 256: the next work tile's Q
+    // loads while this one runs, and K_{j+1} loads only once S_j has read K_j.
+    {256, 128, 64, 1, true, true},
     // One consumer group, several blocks per SM (blocks_per_sm(): 3, 2, 2).
     {64, 64, 64, 2, false, true},
     {64, 64, 128, 2, false, true},
