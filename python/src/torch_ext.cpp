@@ -17,9 +17,10 @@
 //   - no dispatcher: an op called from eager Python (torch.ops.flashtrain.*) pays PyTorch's
 //     boxed dispatch, microseconds a call. The ops are registered too (register_ops, below), with
 //     the same C++ functions as kernels, for torch.compile, whose graphs call them.
-// On the GPU the call runs on PyTorch's current stream (c10::cuda::getCurrentCUDAStream), and an
-// output's memory goes back to flashtrain's pool on that stream when PyTorch frees the tensor.
-// The memory is flashtrain's (its stream-ordered pool), not PyTorch's caching allocator's.
+// On the GPU the call runs on PyTorch's current stream (c10::cuda::getCurrentCUDAStream), and the
+// library's GPU memory (the outputs and the calls' scratch) comes from PyTorch's caching
+// allocator (TorchDeviceMemory, below): torch.cuda.memory_allocated() counts it, and the process
+// keeps one pool, not PyTorch's beside flashtrain's.
 #include <ATen/DLConvertor.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/from_blob.h>
@@ -42,9 +43,13 @@
 #include "core/tensor.h"
 
 #ifdef FLASHTRAIN_TORCH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <unordered_set>
+
 #include "core/cuda/runtime.h"
+#include "core/memory.h"
 #endif
 
 namespace ft::python {
@@ -89,6 +94,61 @@ struct OutputKeeper {
   }
 };
 
+#ifdef FLASHTRAIN_TORCH_CUDA
+// The library's device allocator over PyTorch's caching allocator, installed at the first call on
+// the GPU (after the library has set the device up, which registers its own pool): blocks are
+// taken on the library's current stream, which in a call is PyTorch's current stream, so a block
+// freed after the call's last kernel is reused in that stream's order, as PyTorch's own are.
+// Memory the library took from its pool before (none, unless the DLPack route ran first) goes
+// back there; page-locked host memory and the pool's statistics stay the library's. A request
+// PyTorch cannot serve raises flashtrain's out-of-memory error with PyTorch's message.
+class TorchDeviceMemory {
+ public:
+  static void install() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+      static TorchDeviceMemory memory(device_allocator(Device::cuda));
+      DeviceAllocator mine;
+      mine.allocate = [](size_t nbytes) { return memory.allocate(nbytes); };
+      mine.free = [](void* ptr) { memory.free(ptr); };
+      mine.allocate_pinned = memory.pool_.allocate_pinned;
+      mine.free_pinned = memory.pool_.free_pinned;
+      mine.release_cached = memory.pool_.release_cached;
+      register_device_allocator(Device::cuda, std::move(mine));
+    });
+  }
+
+ private:
+  explicit TorchDeviceMemory(DeviceAllocator pool) : pool_(std::move(pool)) {}
+
+  void* allocate(size_t nbytes) {
+    void* ptr = nullptr;
+    try {
+      ptr = c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(nbytes == 0 ? 1 : nbytes,
+                                                                   cuda::current_stream());
+    } catch (const c10::OutOfMemoryError& e) {
+      throw OutOfMemory(
+          str("out of GPU memory (PyTorch's caching allocator): ", e.what_without_backtrace()));
+    }
+    const std::lock_guard lock(mutex_);
+    mine_.insert(ptr);
+    return ptr;
+  }
+
+  void free(void* ptr) {
+    {
+      const std::lock_guard lock(mutex_);
+      if (mine_.erase(ptr) == 0) return pool_.free(ptr);
+    }
+    c10::cuda::CUDACachingAllocator::raw_delete(ptr);
+  }
+
+  DeviceAllocator pool_;
+  std::mutex mutex_;
+  std::unordered_set<void*> mine_;
+};
+#endif
+
 // The device and stream a call runs on (q's; the CPU needs neither), and its outputs made into
 // PyTorch tensors there.
 class TorchCall {
@@ -97,6 +157,7 @@ class TorchCall {
 #ifdef FLASHTRAIN_TORCH_CUDA
     if (device_.is_cuda()) {
       use_device(device_.index());
+      TorchDeviceMemory::install();
       stream_ =
           reinterpret_cast<uintptr_t>(c10::cuda::getCurrentCUDAStream(device_.index()).stream());
       scope_.emplace(reinterpret_cast<cudaStream_t>(stream_));

@@ -34,6 +34,12 @@ void register_device_allocator(Device device, DeviceAllocator allocator) {
   s.has_allocator = true;
 }
 
+DeviceAllocator device_allocator(Device device) {
+  DeviceState& s = state(device);
+  std::lock_guard<std::mutex> lock(s.mutex);
+  return s.allocator;
+}
+
 bool has_device_allocator(Device device) {
   DeviceState& s = state(device);
   std::lock_guard<std::mutex> lock(s.mutex);

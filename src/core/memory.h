@@ -44,5 +44,8 @@ struct DeviceAllocator {
 };
 void register_device_allocator(Device device, DeviceAllocator allocator);
 bool has_device_allocator(Device device);
+// The allocator registered for `device` (a copy; empty functions where none is), e.g. to wrap it
+// and register the wrapper, which then hands it what it did not allocate itself.
+DeviceAllocator device_allocator(Device device);
 
 }  // namespace ft
