@@ -82,3 +82,11 @@ run gpt2_bf16_b16_flash_whole \
   "--model gpt2 --batch-size 16 --seq-len 1024 --dtype bf16 --attention flash --classifier-chunk 0"
 run llama1b_bf16_flash_whole \
   "--model llama3-1b --batch-size 4 --seq-len 2048 --dtype bf16 --attention flash --classifier-chunk 0"
+# Classifier chunks larger than auto's 256 MiB (1024 rows at llama3-1b's 128256-column
+# vocabulary): the classifier GEMMs of 1024 rows ran at ~653-690 TFLOP/s where larger ones run
+# ~780; what more rows a chunk buy in tok/s and cost in peak memory, ours alone.
+run llama1b_bf16_chunk2048 \
+  "--model llama3-1b --batch-size 4 --seq-len 2048 --dtype bf16 --attention flash --classifier-chunk 2048"
+run llama1b_bf16_chunk4096 \
+  "--model llama3-1b --batch-size 4 --seq-len 2048 --dtype bf16 --attention flash --classifier-chunk 4096"
+run llama1b_32k_chunk8192 "--model llama3-1b --batch-size 1 --seq-len 32768 --context 32768 --dtype bf16 --attention flash --classifier-chunk 8192" "" 10
