@@ -114,8 +114,8 @@ KernelConfig KernelConfig::parse(const std::string& text, const KernelConfig& ba
   const std::string expected =
       "expected 'fwd=MxN/THREADS[/FPATH] bwd=MxN/THREADS/PATH', e.g. 'fwd=128x64/128 "
       "bwd=64x64/128/double' (either part may be left out; FPATH: mma (default), wgmma, or "
-      "tma[/sSTAGES][/pp|/nopp] (default /s2, and /pp over 64 rows); PATH: single, double, wgmma "
-      "or tma)";
+      "tma[/sSTAGES][/pp|/nopp] (default /s2, and /pp over 256 threads); PATH: single, double, "
+      "wgmma or tma)";
   KernelConfig c = base;
   std::istringstream words(text);
   std::string word;
@@ -129,8 +129,8 @@ KernelConfig KernelConfig::parse(const std::string& text, const KernelConfig& ba
       FT_CHECK(tma || (!m[5].matched && !m[6].matched), "kernel config: '", word,
                "': stages (/sN) and turns (/pp, /nopp) belong to the tma path only: ", expected);
       c.forward_stages = tma ? (m[5].matched ? config_number(m[5], text) : 2) : 0;
-      // Turns need two consumer groups: a 64-row tma tile (one group) defaults to /nopp.
-      c.forward_pingpong = tma && (m[6].matched ? m[6] == "pp" : c.forward.block_m > 64);
+      // Turns need two consumer groups: a tile of one group (256 threads) defaults to /nopp.
+      c.forward_pingpong = tma && (m[6].matched ? m[6] == "pp" : c.forward.threads > 256);
     } else if (std::regex_match(word, m, bwd_re)) {
       c.backward = {config_number(m[1], text), config_number(m[2], text),
                     config_number(m[3], text)};
@@ -230,10 +230,14 @@ int64_t forward_smem_bytes(const TileConfig& t, ForwardPath path, int64_t head_d
 
 const TmaForwardPlan* find_tma_plan(const KernelConfig& c, int64_t head_dim) {
   if (c.forward_path != ForwardPath::tma) return nullptr;
-  const TmaForwardPlan want{static_cast<int>(head_dim), c.forward.block_m,  c.forward.block_n,
-                            c.forward_stages,           c.forward_pingpong, false};
+  // The threads tell the heads of a work tile apart: 64 rows on 384 threads are two consumer
+  // groups, one head each.
   for (const TmaForwardPlan& plan : kTmaForwardPlans) {
-    if (plan == want) return &plan;
+    if (plan.head_dim == head_dim && plan.block_m == c.forward.block_m &&
+        plan.block_n == c.forward.block_n && plan.stages == c.forward_stages &&
+        plan.pingpong == c.forward_pingpong && plan.threads() == c.forward.threads) {
+      return &plan;
+    }
   }
   return nullptr;
 }
@@ -467,10 +471,27 @@ std::string wgmma_backward_layout_reason(const TileConfig& t) {
 }
 
 // tma forward: the configuration must name a plan of tma_plans.h for this head dim, with its
-// threads (one producer warpgroup and one consumer warpgroup per 64 query rows).
-std::string tma_forward_reason(const KernelConfig& c, int64_t head_dim) {
+// threads (one producer warpgroup and one consumer warpgroup per 64 query rows of each head of
+// a work tile); a plan of two heads a tile needs query heads per kv head in pairs.
+std::string tma_forward_reason(const KernelConfig& c, const Problem& problem) {
+  const int64_t head_dim = problem.head_dim;
   const TmaForwardPlan* plan = find_tma_plan(c, head_dim);
   if (plan == nullptr) {
+    // Plans of this tile on other threads: what they run.
+    std::string runs;
+    for (const TmaForwardPlan& p : kTmaForwardPlans) {
+      if (p.head_dim == head_dim && p.block_m == c.forward.block_m &&
+          p.block_n == c.forward.block_n && p.stages == c.forward_stages &&
+          p.pingpong == c.forward_pingpong) {
+        runs += ft::str(runs.empty() ? "" : ", or ", p.threads(),
+                        " threads (a producer warpgroup and ", p.consumer_groups(),
+                        p.consumer_groups() > 1 ? " consumer warpgroups" : " consumer warpgroup",
+                        p.heads > 1 ? ", one per head of a pair" : "", ")");
+      }
+    }
+    if (!runs.empty()) {
+      return ft::str("forward tile ", c.forward_str().substr(4), ": the tma plan runs ", runs);
+    }
     std::string plans;
     for (const TmaForwardPlan& p : kTmaForwardPlans) {
       if (p.head_dim != head_dim) continue;
@@ -480,10 +501,11 @@ std::string tma_forward_reason(const KernelConfig& c, int64_t head_dim) {
         "forward tile ", c.forward_str().substr(4), ": not a tma plan for head dim ", head_dim,
         plans.empty() ? " (the tma plans have head dims 64, 128, 256)" : " (plans: " + plans + ")");
   }
-  if (c.forward.threads != plan->threads()) {
-    return ft::str("forward tile ", c.forward_str().substr(4), ": the tma plan runs ",
-                   plan->threads(), " threads (a producer warpgroup and ", plan->consumer_groups(),
-                   " consumer warpgroups)");
+  if (problem.kv_heads > 0 && problem.group_size() % plan->heads != 0) {
+    return ft::str("forward tile ", c.forward_str().substr(4), ": the tma plan takes ", plan->heads,
+                   " query heads of one kv head a work tile, so query heads per kv ",
+                   "head must come in ", plan->heads, "s (this problem: ", problem.q_heads, " / ",
+                   problem.kv_heads, "); its one-head plans run any");
   }
   return "";
 }
@@ -552,7 +574,7 @@ Checks forward_checks(const KernelConfig& c, const Problem& p, const DeviceLimit
       tma ? tma_head_dims() : (wgmma ? wgmma_head_dims() : flash_head_dims());
   Checks out = {head_dim_reason(kernels, dims, p.head_dim),
                 threads_reason("forward", c.forward, d.max_threads_per_block),
-                tma     ? tma_forward_reason(c, p.head_dim)
+                tma     ? tma_forward_reason(c, p)
                 : wgmma ? wgmma_forward_layout_reason(c.forward)
                         : forward_layout_reason(c.forward),
                 smem_reason("forward tile", name, forward_smem_bytes(c, p.head_dim), d), ""};

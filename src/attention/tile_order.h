@@ -27,11 +27,13 @@
 namespace ft::attention {
 
 struct WorkTile {
-  int q_block, head, batch;
+  int q_block, head, batch;  // head: the first of the tile's heads
 };
 
 struct TileOrder {
-  int q_blocks = 0, pairs = 0, section_pairs = 1, q_heads = 0;
+  // pairs: (head unit, batch row) pairs, a head unit being heads_per_tile query heads of one kv
+  // head (a work tile of a two-head plan covers both); q_heads: head units a batch row.
+  int q_blocks = 0, pairs = 0, section_pairs = 1, q_heads = 0, heads_per_tile = 1;
   bool last_block_first = false;
 
   FT_HOST_DEVICE int count() const { return q_blocks * pairs; }
@@ -61,27 +63,31 @@ struct TileOrder {
     const int pairs_here = pairs - first_pair < section_pairs ? pairs - first_pair : section_pairs;
     const int r = t - section * per_section;
     const int rank = r / pairs_here, pair = first_pair + r % pairs_here;
-    return {last_block_first ? q_blocks - 1 - rank : rank, pair % q_heads, pair / q_heads};
+    return {last_block_first ? q_blocks - 1 - rank : rank, pair % q_heads * heads_per_tile,
+            pair / q_heads};
   }
 };
 
 // Sections of (head, batch row) pairs whose K and V fit in this much L2 together.
 inline constexpr int64_t kL2BytesForKv = int64_t{32} << 20;
 
-// The order of a problem's work tiles of block_m query rows. Causal: later query blocks see more
-// keys. A window alone bounds keys from below, so earlier blocks see more.
+// The order of a problem's work tiles of block_m query rows and heads_per_tile query heads (of
+// one kv head: q_heads / kv_heads a multiple of it). Causal: later query blocks see more keys. A
+// window alone bounds keys from below, so earlier blocks see more.
 inline TileOrder make_tile_order(int64_t batch, int64_t seq_len, int64_t q_heads, int64_t kv_heads,
-                                 int64_t head_dim, bool causal, int block_m) {
+                                 int64_t head_dim, bool causal, int block_m,
+                                 int heads_per_tile = 1) {
   TileOrder order;
   order.q_blocks = static_cast<int>((seq_len + block_m - 1) / block_m);
-  order.pairs = static_cast<int>(q_heads * batch);
-  order.q_heads = static_cast<int>(q_heads);
+  order.heads_per_tile = heads_per_tile;
+  order.q_heads = static_cast<int>(q_heads / heads_per_tile);
+  order.pairs = static_cast<int>(order.q_heads * batch);
   order.last_block_first = causal;
   const int64_t kv_head_bytes = int64_t{2} * seq_len * head_dim * 2;
   int64_t kv_heads_fit = 1;
   while (kv_heads_fit * 2 * kv_head_bytes <= kL2BytesForKv) kv_heads_fit *= 2;
-  order.section_pairs =
-      static_cast<int>(std::min<int64_t>(kv_heads_fit * (q_heads / kv_heads), order.pairs));
+  order.section_pairs = static_cast<int>(
+      std::min<int64_t>(kv_heads_fit * (q_heads / kv_heads / heads_per_tile), order.pairs));
   return order;
 }
 

@@ -18,6 +18,11 @@
 // product without the softmax beside it) and its epilogue run while another block is in the
 // middle of its tiles. Short work tiles (sliding windows, documents, short sequences) pay those
 // ramps often; a 64-row tile also covers a window's or a document's edge more tightly.
+//
+// A plan of two heads a work tile (`heads` = 2, 64 query rows) gives its two consumer groups the
+// same 64 positions of two query heads of one GQA group: they read the same K and V tiles, so a
+// 64-row tile's tight cover comes with the 128-row tile's K/V traffic (one stream for two heads)
+// and the groups still take turns. It needs query heads per kv head in pairs.
 #pragma once
 
 #include <cstdint>
@@ -46,9 +51,16 @@ struct TmaForwardPlan {
   int stages = 0;   // ring slots of K and of V
   bool pingpong = false;
   bool compiled_by_default = false;  // also built without -DFLASHTRAIN_SWEEP_KERNELS=ON
+  int heads = 1;  // query heads of a work tile (2: one a consumer group, the same positions)
 
-  constexpr int consumer_groups() const { return block_m / 64; }
+  constexpr int consumer_groups() const { return heads * block_m / 64; }
   constexpr int threads() const { return 128 * (consumer_groups() + 1); }
+  // Rows of a Q slot (and of the output staged in it): 64 per consumer group.
+  constexpr int q_rows() const { return 64 * consumer_groups(); }
+  // Where consumer group g's rows start among the work tile's positions, and its query head
+  // after the tile's first.
+  constexpr int group_row(int g) const { return heads == 1 ? 64 * g : 0; }
+  constexpr int group_head(int g) const { return heads == 1 ? 0 : g; }
 
   constexpr int64_t tile_bytes(int rows) const { return int64_t{rows} * head_dim * 2; }
   constexpr int64_t ring_bytes() const { return 2 * stages * tile_bytes(block_n); }
@@ -57,7 +69,7 @@ struct TmaForwardPlan {
   static constexpr int64_t barrier_bytes() { return 256; }
   static constexpr int64_t align_slack() { return 1024; }
   constexpr int64_t bytes_with_q_slots(int slots) const {
-    return slots * tile_bytes(block_m) + ring_bytes() + table_bytes() + barrier_bytes() +
+    return slots * tile_bytes(q_rows()) + ring_bytes() + table_bytes() + barrier_bytes() +
            align_slack();
   }
 
@@ -116,14 +128,14 @@ struct TmaForwardPlan {
 
   constexpr bool operator==(const TmaForwardPlan& o) const {
     return head_dim == o.head_dim && block_m == o.block_m && block_n == o.block_n &&
-           stages == o.stages && pingpong == o.pingpong;
+           stages == o.stages && pingpong == o.pingpong && heads == o.heads;
   }
 };
 
 // Every plan of the family. FlashAttention-3 runs 192x128 tiles (three consumer warpgroups) at
 // head dim 64, 128x128 at 128 and 128x80 at 256; the sweep decides ours (docs/SWEEP.md) and the
 // sm90 rows of the default table (kernel_config.cpp) name the winners.
-// {head_dim, block_m, block_n, stages, pingpong, compiled_by_default}
+// {head_dim, block_m, block_n, stages, pingpong, compiled_by_default[, heads]}
 inline constexpr TmaForwardPlan kTmaForwardPlans[] = {
     {64, 128, 128, 2, true, true},
     {64, 128, 64, 2, true, false},
@@ -145,6 +157,10 @@ inline constexpr TmaForwardPlan kTmaForwardPlans[] = {
     {64, 64, 64, 2, false, true},
     {64, 64, 128, 2, false, true},
     {128, 64, 64, 2, false, true},
+    // Two heads a work tile (two consumer groups on the same 64 positions).
+    {64, 64, 128, 2, true, true, 2},
+    {128, 64, 128, 2, true, true, 2},
+    {128, 64, 64, 2, true, true, 2},
 };
 inline constexpr int kTmaForwardPlanCount =
     static_cast<int>(sizeof(kTmaForwardPlans) / sizeof(kTmaForwardPlans[0]));
@@ -155,6 +171,8 @@ constexpr const char* tma_plan_defect(const TmaForwardPlan& p) {
   if (p.block_m != 64 && p.block_m != 128 && p.block_m != 192) {
     return "one, two or three consumer warpgroups";
   }
+  if (p.heads != 1 && p.heads != 2) return "one or two heads a work tile";
+  if (p.heads == 2 && p.block_m != 64) return "two heads a work tile of 64 rows";
   if (p.block_n != 64 && p.block_n != 128) return "key tiles of 64 or 128";
   if (p.stages < 1 || p.stages > 4) return "1 to 4 stages";
   if (p.pingpong && p.consumer_groups() < 2) return "turns (pingpong) need two consumer groups";

@@ -72,6 +72,13 @@ TEST(KernelConfig, TmaPathInText) {
   EXPECT_EQ(one.forward_str(), "fwd=64x64/256/tma/s2/nopp");
   EXPECT_NE(find_tma_plan(one, 128), nullptr);
   EXPECT_EQ(find_tma_plan(KernelConfig::parse("fwd=64x64/256/tma/s2/pp"), 128), nullptr);
+  // The same tile on 384 threads: two consumer groups, two heads a work tile, taking turns.
+  const KernelConfig two = KernelConfig::parse("fwd=64x64/384/tma");
+  EXPECT_TRUE(two.forward_pingpong);
+  ASSERT_NE(find_tma_plan(two, 128), nullptr);
+  EXPECT_EQ(find_tma_plan(two, 128)->heads, 2);
+  EXPECT_EQ(find_tma_plan(one, 128)->heads, 1);
+  EXPECT_EQ(with_tma_forward(c, *find_tma_plan(two, 128)).forward_str(), "fwd=64x64/384/tma/s2/pp");
   // Back to another path: the tma knobs are cleared, so configurations compare equal.
   EXPECT_EQ(KernelConfig::parse("fwd=128x128/256/wgmma", c),
             KernelConfig::parse("fwd=128x128/256/wgmma bwd=64x128/256/wgmma"));
@@ -151,6 +158,19 @@ TEST(KernelConfig, TmaReasons) {
   bad = c;
   bad.forward.threads = 256;
   EXPECT_NE(can_implement(bad, p, sm90).find("runs 384 threads"), std::string::npos);
+  // Two heads a work tile: the query heads of a kv head in pairs (8 / 2 here; not 6 / 2 or MHA).
+  const KernelConfig paired = KernelConfig::parse("fwd=64x64/384/tma", c);
+  EXPECT_EQ(can_implement(paired, p, sm90, KernelDirection::forward), "");
+  for (const auto& [hq, hkv] : {std::pair<int64_t, int64_t>{6, 2}, {8, 8}}) {
+    Problem odd = p;
+    odd.q_heads = hq;
+    odd.kv_heads = hkv;
+    const std::string why = can_implement(paired, odd, sm90, KernelDirection::forward);
+    EXPECT_NE(why.find("query heads per kv head must come in 2s"), std::string::npos) << why;
+    EXPECT_EQ(can_implement(KernelConfig::parse("fwd=64x64/256/tma", c), odd, sm90,
+                            KernelDirection::forward),
+              "");
+  }
   // Head dim 256: the tma forward and the tma backward run it, the wgmma backward does not.
   const Problem d256 = bf16_problem(256);
   EXPECT_EQ(

@@ -15,7 +15,7 @@ struct Shape {
   const char* name;
   int64_t batch, seq_len, q_heads, kv_heads, head_dim;
   bool causal;
-  int block_m, grid;
+  int block_m, grid, heads = 1;  // heads: query heads a work tile
 };
 
 // The bench's cases (H200: 132 SMs; two and three blocks an SM for the 64-row plans) and small
@@ -30,6 +30,8 @@ const Shape kShapes[] = {
     {"small_uneven", 3, 700, 6, 2, 64, true, 128, 5},
     {"one_block", 2, 300, 4, 4, 128, false, 128, 1},
     {"more_blocks_than_tiles", 1, 100, 2, 1, 64, true, 64, 7},
+    {"window_docs_two_heads", 32, 4096, 16, 4, 128, false, 64, 132, 2},
+    {"small_two_heads", 3, 700, 12, 3, 64, true, 64, 5, 2},
 };
 
 // Each block's tiles, in the order it takes them.
@@ -46,8 +48,8 @@ std::vector<std::vector<int>> deal(const TileOrder& order, int grid) {
 }
 
 TileOrder order_of(const Shape& s) {
-  return make_tile_order(s.batch, s.seq_len, s.q_heads, s.kv_heads, s.head_dim, s.causal,
-                         s.block_m);
+  return make_tile_order(s.batch, s.seq_len, s.q_heads, s.kv_heads, s.head_dim, s.causal, s.block_m,
+                         s.heads);
 }
 
 TEST(TileOrder, EveryTileOnceAndSectionsInOrder) {
@@ -69,7 +71,8 @@ TEST(TileOrder, EveryTileOnceAndSectionsInOrder) {
   }
 }
 
-// at() names every (query block, head, batch row) once.
+// at() names every (query block, head, batch row) once; with two heads a tile, every even head
+// (the tile covers it and the next).
 TEST(TileOrder, TilesNameEveryQueryBlockOfEveryPair) {
   for (const Shape& s : kShapes) {
     SCOPED_TRACE(s.name);
@@ -80,8 +83,10 @@ TEST(TileOrder, TilesNameEveryQueryBlockOfEveryPair) {
       ASSERT_GE(w.q_block, 0);
       ASSERT_LT(w.q_block, order.q_blocks);
       ASSERT_LT(w.head, s.q_heads);
+      ASSERT_EQ(w.head % s.heads, 0);
       ASSERT_LT(w.batch, s.batch);
-      ++seen[static_cast<size_t>((w.batch * s.q_heads + w.head) * order.q_blocks + w.q_block)];
+      const int64_t unit = w.head / s.heads, units = s.q_heads / s.heads;
+      ++seen[static_cast<size_t>((w.batch * units + unit) * order.q_blocks + w.q_block)];
     }
     EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), order.count());
   }

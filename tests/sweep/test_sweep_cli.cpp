@@ -54,11 +54,15 @@ TEST(SweepCli, DryRunSm90ListsEveryCandidateWithVerdicts) {
       std::string::npos);
   // A tma backward base is checked against the wgmma 64x64 backward.
   EXPECT_NE(r.output.find("reference row: fwd=64x64/128 bwd=64x64/128/wgmma"), std::string::npos);
-  // The reference, the base and 16 more forward tiles (8 mma, 3 wgmma, the 5 other tma plans of
-  // head dim 128); the tma backward has one tile, the base's.
-  EXPECT_EQ(table_rows(r.output), 18) << r.output;
+  // The reference, the base and every other forward candidate (the mma and wgmma tiles, the
+  // other tma plans of head dim 128); the tma backward has one tile, the base's.
+  const int rows =
+      static_cast<int>(2 + attention::sweep_forward_tiles(attention::ForwardPath::mma).size() +
+                       attention::sweep_forward_tiles(attention::ForwardPath::wgmma).size() +
+                       attention::sweep_tma_plans(128).size() - 1);
+  EXPECT_EQ(table_rows(r.output), rows) << r.output;
   EXPECT_GE(count(r.output, "can run"), 3);  // ref, base and 64x64 forward are always compiled
-  EXPECT_NE(r.output.find("18 rows"), std::string::npos);
+  EXPECT_NE(r.output.find(std::to_string(rows) + " rows"), std::string::npos);
 
   // Every path: the mma.sync backward tiles too, refused with can_implement's reasons.
   const test::CommandResult all = test::run_cli("sweep --dry-run --arch sm90 --all-paths");

@@ -74,7 +74,7 @@ struct Smem {
   static constexpr TmaForwardPlan P = kTmaForwardPlans[PLAN];
   static constexpr int kQSlots = P.q_slots();
   static constexpr int64_t kQ = 0;
-  static constexpr int64_t kK = kQ + kQSlots * P.tile_bytes(P.block_m);
+  static constexpr int64_t kK = kQ + kQSlots * P.tile_bytes(P.q_rows());
   static constexpr int64_t kV = kK + P.stages * P.tile_bytes(P.block_n);
   static constexpr int64_t kTable = kV + P.stages * P.tile_bytes(P.block_n);
   static constexpr int64_t kBarriers = kTable + TmaForwardPlan::table_bytes();
@@ -86,11 +86,11 @@ struct Smem {
   static_assert(kBarriers % 8 == 0 && kBarrierCount * 8 <= TmaForwardPlan::barrier_bytes(),
                 "barriers fit");
   // Between the output's 64-column panels (elements): it lies in its Q slot's panels.
-  static constexpr int kOPanelStride = P.block_m * kPanel;
+  static constexpr int kOPanelStride = P.q_rows() * kPanel;
 
   unsigned char* base;
   __device__ __nv_bfloat16* q(int slot) const {
-    return reinterpret_cast<__nv_bfloat16*>(base + kQ + slot * P.tile_bytes(P.block_m));
+    return reinterpret_cast<__nv_bfloat16*>(base + kQ + slot * P.tile_bytes(P.q_rows()));
   }
   __device__ __nv_bfloat16* k(int slot) const {
     return reinterpret_cast<__nv_bfloat16*>(base + kK + slot * P.tile_bytes(P.block_n));
@@ -215,7 +215,7 @@ __device__ __forceinline__ void produce(const TmaForwardArgs& a, const Smem<PLAN
   constexpr TmaForwardPlan P = kTmaForwardPlans[PLAN];
   constexpr int kPanels = P.head_dim / kPanel;
   constexpr uint32_t kKvBytes = P.block_n * P.head_dim * 2;
-  constexpr uint32_t kQBytes = P.block_m * P.head_dim * 2;
+  constexpr uint32_t kQBytes = P.q_rows() * P.head_dim * 2;
   const int lane = threadIdx.x % 32;
   if (lane == 0) {
     tma_prefetch_map(&a.q);
@@ -257,10 +257,15 @@ __device__ __forceinline__ void produce(const TmaForwardArgs& a, const Smem<PLAN
     uint64_t* q_full = s.q_full(q_ring.slot);
     if (lane == 0) {
       mbar_arrive_expect_bytes(q_full, kQBytes);
+      // A box of block_m rows a head and panel; with two heads a tile, the second head's rows
+      // follow the first's in each panel (consumer group g reads rows 64 g on).
 #pragma unroll
       for (int panel = 0; panel < kPanels; ++panel) {
-        tma_load(s.q(q_ring.slot) + panel * P.block_m * kPanel, &a.q, q_full, panel * kPanel,
-                 w.head, tiles.q0, w.batch);
+#pragma unroll
+        for (int h = 0; h < P.heads; ++h) {
+          tma_load(s.q(q_ring.slot) + (panel * P.q_rows() + h * P.block_m) * kPanel, &a.q, q_full,
+                   panel * kPanel, w.head + h, tiles.q0, w.batch);
+        }
       }
     } else {
       mbar_arrive(q_full);
@@ -380,7 +385,7 @@ __device__ __forceinline__ void rescale(float (&o)[DT * 4], const float (&alpha)
 
 // Epilogue of one consumer group: O / row sum (bf16, swizzled panels) over its own 64 rows of
 // the tile's Q slot (its products are done with them), one TMA store per panel, and lse by the
-// threads.
+// threads; at its rows of the tile (two heads a tile: the tile's rows, in its own head).
 template <int PLAN, int NT>
 __device__ __forceinline__ void store_output(const TmaForwardArgs& a, const Smem<PLAN>& s,
                                              int q_slot, int g, const WorkTile& w, int q0,
@@ -390,9 +395,10 @@ __device__ __forceinline__ void store_output(const TmaForwardArgs& a, const Smem
   constexpr int DT = P.head_dim / 8;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int S = a.p.seq_len;
-  const int row0 = q0 + g * 64;  // this group's first row
+  const int row0 = q0 + P.group_row(g);  // this group's first row
+  const int head = w.head + P.group_head(g);
   __nv_bfloat16* out = s.o(q_slot, g);
-  float* lse_row = a.p.lse + (int64_t{w.batch} * a.p.q_heads + w.head) * S;
+  float* lse_row = a.p.lse + (int64_t{w.batch} * a.p.q_heads + head) * S;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = warp * 16 + lane / 4 + 8 * half;
@@ -416,8 +422,7 @@ __device__ __forceinline__ void store_output(const TmaForwardArgs& a, const Smem
   if (tid == 0 && row0 < S) {
 #pragma unroll
     for (int panel = 0; panel < P.head_dim / kPanel; ++panel) {
-      tma_store(&a.o, out + panel * Smem<PLAN>::kOPanelStride, panel * kPanel, w.head, row0,
-                w.batch);
+      tma_store(&a.o, out + panel * Smem<PLAN>::kOPanelStride, panel * kPanel, head, row0, w.batch);
     }
     tma_store_commit();
   }
@@ -431,7 +436,8 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
   constexpr int D = P.head_dim, BM = P.block_m, BN = P.block_n, NT = BN / 8, DT = D / 8;
   constexpr int kGroups = P.consumer_groups();
   constexpr uint32_t kSlotBytes = BN * D * 2;
-  constexpr uint32_t kQSlotBytes = BM * D * 2;
+  constexpr int QR = P.q_rows();  // rows of a Q slot: 64 a group (BM, or BM a head)
+  constexpr uint32_t kQSlotBytes = QR * D * 2;
   const FlashParams& p = a.p;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int S = p.seq_len;
@@ -473,8 +479,8 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
                                       false);
     const int32_t* seg_row = SEG ? p.segment_ids + int64_t{w.batch} * S : nullptr;
     // This thread's two rows.
-    const int rows[2] = {tiles.q0 + g * 64 + warp * 16 + lane / 4,
-                         tiles.q0 + g * 64 + warp * 16 + lane / 4 + 8};
+    const int rows[2] = {tiles.q0 + P.group_row(g) + warp * 16 + lane / 4,
+                         tiles.q0 + P.group_row(g) + warp * 16 + lane / 4 + 8};
     int qid[2] = {0, 0};
     if (SEG) {
       qid[0] = rows[0] < S ? seg_row[rows[0]] : -1;
@@ -500,7 +506,7 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
 #pragma unroll
       for (int kd = 0; kd < D / 16; ++kd) {
         const uint32_t col = (kd % 4) * 32;
-        mma_ss<BN, 0, 0>(sc, advance(q_tile, (kd / 4) * BM * kPanelRowBytes + col),
+        mma_ss<BN, 0, 0>(sc, advance(q_tile, (kd / 4) * QR * kPanelRowBytes + col),
                          advance(k_slot, (kd / 4) * BN * kPanelRowBytes + col), kd > 0);
       }
       wg_commit();
@@ -648,8 +654,8 @@ void launch_tma_forward(const FlashParams& p, cudaStream_t stream) {
   a.o = head_tensor_map(p.o, p.batch, p.seq_len, p.q_heads, P.head_dim,
                         int64_t{p.q_heads} * P.head_dim, 64);
   a.p = p;
-  a.order =
-      make_tile_order(p.batch, p.seq_len, p.q_heads, p.kv_heads, p.head_dim, p.causal, P.block_m);
+  a.order = make_tile_order(p.batch, p.seq_len, p.q_heads, p.kv_heads, p.head_dim, p.causal,
+                            P.block_m, P.heads);
   auto kernel =
       p.segment_ids != nullptr ? tma_forward_kernel<PLAN, true> : tma_forward_kernel<PLAN, false>;
   FT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
