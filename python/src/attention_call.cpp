@@ -194,6 +194,14 @@ void use_device(int device_id) {
 }
 #endif
 
+void synchronize_stream(uintptr_t stream) {
+#ifdef FLASHTRAIN_WITH_CUDA
+  FT_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream)));
+#else
+  (void)stream;
+#endif
+}
+
 void release_output(Tensor& tensor, uintptr_t stream) noexcept {
   try {
 #ifdef FLASHTRAIN_WITH_CUDA

@@ -88,6 +88,11 @@ attention::Gradients run_backward(attention::Impl impl, const Inputs& in, Backwa
 void use_device(int device_id);
 #endif
 
+// Waits for the work queued on a cudaStream_t handle (nothing without CUDA). The modules reach
+// the CUDA runtime only through the core (libflashtrain_core.so, python/CMakeLists.txt), which
+// holds the one copy of it that the library's state lives in.
+void synchronize_stream(uintptr_t stream);
+
 // Drops an output the library made, its GPU memory going back to the pool on `stream` (a
 // cudaStream_t), the stream it was made on; nothing escapes (a destructor or a framework's
 // deleter calls it).

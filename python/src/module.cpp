@@ -31,9 +31,6 @@
 #include "core/tensor.h"
 
 #ifdef FLASHTRAIN_WITH_CUDA
-#include <cuda_runtime.h>
-
-#include "core/cuda/check.h"
 #include "core/cuda/runtime.h"
 #endif
 
@@ -376,12 +373,8 @@ NB_MODULE(_flashtrain, m) {
   m.def(
       "synchronize_stream",
       [](uintptr_t stream) {
-#ifdef FLASHTRAIN_WITH_CUDA
         nb::gil_scoped_release release;
-        FT_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream)));
-#else
-        (void)stream;
-#endif
+        python::synchronize_stream(stream);
       },
       nb::arg("stream"), "Waits for the work queued on a cudaStream_t handle (CPU: nothing).");
 

@@ -2,7 +2,8 @@
 // at::Tensor, built only against the PyTorch found at build time (FLASHTRAIN_TORCH,
 // pyproject.toml). python/flashtrain/attention.py and torch.py route PyTorch tensors here when it
 // loads, and to the nanobind module's DLPack route (module.cpp) otherwise; the checks, messages and
-// library calls are both modules' own copy of attention_call.h's.
+// library calls are attention_call.h's, in the one library both modules load
+// (libflashtrain_core.so, python/CMakeLists.txt).
 //
 // Why this call path, the cheapest we found for a call from Python:
 //   - a CPython METH_FASTCALL function: the arguments arrive as a C array, positional (the Python
@@ -101,7 +102,10 @@ struct OutputKeeper {
 // freed after the call's last kernel is reused in that stream's order, as PyTorch's own are.
 // Memory the library took from its pool before (none, unless the DLPack route ran first) goes
 // back there; page-locked host memory and the pool's statistics stay the library's. A request
-// PyTorch cannot serve raises flashtrain's out-of-memory error with PyTorch's message.
+// PyTorch cannot serve raises flashtrain's out-of-memory error with PyTorch's message. The
+// allocator is the library's, and both modules share the one library (libflashtrain_core.so):
+// from the extension's first GPU call on, the nanobind module's calls (the DLPack route: CuPy,
+// JAX, PyTorch tensors with a stream= handle) allocate here too, on their own streams.
 class TorchDeviceMemory {
  public:
   static void install() {
