@@ -27,7 +27,9 @@
 #include "attention/kernel_config.h"
 #include "attention_call.h"
 #include "core/device.h"
+#include "core/dtype.h"
 #include "core/error.h"
+#include "core/memory.h"
 #include "core/tensor.h"
 
 #ifdef FLASHTRAIN_WITH_CUDA
@@ -377,6 +379,16 @@ NB_MODULE(_flashtrain, m) {
         python::synchronize_stream(stream);
       },
       nb::arg("stream"), "Waits for the work queued on a cudaStream_t handle (CPU: nothing).");
+
+  m.def(
+      "_memory_stats",
+      [](const std::string& device) {
+        const MemoryStats s = memory_stats(parse_device(device));
+        return nb::make_tuple(s.used_bytes, s.peak_used_bytes, s.peak_reserved_bytes);
+      },
+      nb::arg("device"),
+      "(used, peak used, peak reserved) bytes of the library's memory on 'cpu' or 'cuda': the "
+      "counters of libflashtrain_core.so, which _torch_ext reads too (tests/python).");
 
   m.def("forward", &python::forward, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("segment_ids").none(), nb::arg("causal"), nb::arg("window"), nb::arg("scale"),

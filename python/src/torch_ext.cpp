@@ -40,7 +40,9 @@
 #include "attention/attention.h"
 #include "attention/kernel_config.h"
 #include "attention_call.h"
+#include "core/dtype.h"
 #include "core/error.h"
+#include "core/memory.h"
 #include "core/tensor.h"
 
 #ifdef FLASHTRAIN_TORCH_CUDA
@@ -50,7 +52,6 @@
 #include <unordered_set>
 
 #include "core/cuda/runtime.h"
-#include "core/memory.h"
 #endif
 
 namespace ft::python {
@@ -525,6 +526,19 @@ PyObject* py_built_with_cuda(PyObject* /*module*/, PyObject* const* /*args*/, Py
   });
 }
 
+// _memory_stats(device) -> (used, peak used, peak reserved): the library's memory counters on
+// "cpu" or "cuda", as the nanobind module's function of the same name reads them: both modules
+// load one libflashtrain_core.so, so the two agree (tests/python/test_shared_core.py).
+PyObject* py_memory_stats(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  return python_errors([&] {
+    expect_args("_memory_stats", nargs, 1);
+    const MemoryStats s = memory_stats(parse_device(std::string(text_arg(args[0], "device"))));
+    return Py_BuildValue("(LLL)", static_cast<long long>(s.used_bytes),
+                         static_cast<long long>(s.peak_used_bytes),
+                         static_cast<long long>(s.peak_reserved_bytes));
+  });
+}
+
 PyMethodDef methods[] = {
     {"forward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&py_forward)),
      METH_FASTCALL,
@@ -543,6 +557,10 @@ PyMethodDef methods[] = {
     {"built_with_cuda",
      reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&py_built_with_cuda)),
      METH_FASTCALL, "True when CUDA tensors are served (the library and PyTorch have CUDA)."},
+    {"_memory_stats", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&py_memory_stats)),
+     METH_FASTCALL,
+     "_memory_stats(device) -> (used, peak used, peak reserved) bytes of the library's memory on "
+     "'cpu' or 'cuda': the counters the nanobind module's _memory_stats reads too."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT,
