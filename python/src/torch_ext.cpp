@@ -112,13 +112,16 @@ class TorchDeviceMemory {
   static void install() {
     static std::once_flag once;
     std::call_once(once, [] {
-      static TorchDeviceMemory memory(device_allocator(Device::cuda));
+      // Never destroyed: the core's state (libflashtrain_core.so) holds the allocator and may
+      // free through it during its own teardown at exit, after this module's statics are gone.
+      static TorchDeviceMemory* const memory =
+          new TorchDeviceMemory(device_allocator(Device::cuda));
       DeviceAllocator mine;
-      mine.allocate = [](size_t nbytes) { return memory.allocate(nbytes); };
-      mine.free = [](void* ptr) { memory.free(ptr); };
-      mine.allocate_pinned = memory.pool_.allocate_pinned;
-      mine.free_pinned = memory.pool_.free_pinned;
-      mine.release_cached = memory.pool_.release_cached;
+      mine.allocate = [](size_t nbytes) { return memory->allocate(nbytes); };
+      mine.free = [](void* ptr) { memory->free(ptr); };
+      mine.allocate_pinned = memory->pool_.allocate_pinned;
+      mine.free_pinned = memory->pool_.free_pinned;
+      mine.release_cached = memory->pool_.release_cached;
       register_device_allocator(Device::cuda, std::move(mine));
     });
   }
