@@ -186,7 +186,12 @@ void check_split(const AdamWTensor& t, Device device, const std::string& name, d
 Device check_all(const std::vector<AdamWTensor>& tensors, double lr, const AdamWConfig& cfg,
                  int64_t step, double grad_scale) {
   constexpr const char* fn = "adamw_update_all";
-  const Device device = detail::call_device(tensors[0].grad, fn, "grad of tensor 0");
+  // The parameter's device (its master, or its compute copy where the master is split) is the
+  // call's: a gradient elsewhere is then the tensor named as misplaced.
+  const AdamWTensor& first = tensors[0];
+  const Device device = first.master.defined()
+                            ? detail::call_device(first.master, fn, "master of tensor 0")
+                            : detail::call_device(first.compute, fn, "compute of tensor 0");
   for (size_t i = 0; i < tensors.size(); ++i) {
     const AdamWTensor& t = tensors[i];
     const std::string name = str("tensor ", i);
