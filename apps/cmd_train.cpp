@@ -307,7 +307,7 @@ void add_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--classifier-chunk", flags->classifier_chunk,
                   "Rows of a micro-batch the classifier and the loss take at a time, so that the "
-                  "logits of the whole micro-batch never exist: auto (chunks of at most 256 MiB "
+                  "logits of the whole micro-batch never exist: auto (chunks of at most 512 MiB "
                   "of logits; the whole micro-batch when it fits), a row count, or 0 (the whole "
                   "micro-batch). Each chunk's gradients are formed as soon as its loss is: no "
                   "extra work. Safe to change on --resume")

@@ -122,7 +122,7 @@ const char* recompute_name(Recompute mode);
 Recompute parse_recompute(const std::string& name);  // none|attention|mlp|block|elementwise
 
 // The logits bytes one classifier chunk of `flashtrain train` takes at most by default.
-inline constexpr int64_t kClassifierChunkBytes = int64_t{256} << 20;
+inline constexpr int64_t kClassifierChunkBytes = int64_t{512} << 20;
 // Rows per classifier chunk (Transformer::set_classifier_chunk) for micro-batches of `rows`
 // rows: equal chunks, each a multiple of 128 rows (GEMM tiles) whose logits in the compute
 // dtype take at most kClassifierChunkBytes; 0 (the whole batch as one chunk) when it fits.

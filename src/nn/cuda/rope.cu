@@ -3,10 +3,9 @@
 // backward (inverse) rotation. The table lives on the GPU as fp32 [maxT, D/2] copies of the
 // fp64 CPU table: exactly the values the CPU kernel rounds to. Memory bound: each element read
 // and written once, the table (maxT * D * 4 bytes) from L1/L2. Head dims that are whole 16-byte
-// packs: one block per position, each thread packs (W / 2 pairs each) of its rotated heads, all
-// loaded before any is written, so the index arithmetic is one division per block; otherwise
-// one thread per pair. Each thread reads its packs or pair before writing them, so out may alias
-// x.
+// packs: one block per position, each thread a pack (W / 2 pairs) of its rotated heads, so the
+// index arithmetic is one division per block; otherwise one thread per pair. Each thread reads
+// its pack or pair before writing it, so out may alias x.
 #include <vector>
 
 #include "core/cuda/graph.h"
@@ -34,24 +33,6 @@ __global__ void rope_kernel(T* out, const T* x, const float* cos_tab, const floa
   }
 }
 
-// Packs a thread loads before it writes any: out may alias x, so the compiler cannot move a
-// later pack's load above an earlier pack's store, and a loop of load-rotate-store keeps one
-// load in flight per thread. Enough at positions whose rows are still in L2 after the projection
-// wrote them (llama3-1b at 4 x 2048: 3.55 TB/s); from DRAM (1 x 32768) it ran at 1.34 TB/s.
-constexpr int kRopePacksInFlight = 4;
-
-// One 16-byte store: ptxas splits a pack built element by element into four 4-byte stores when
-// its registers are not an aligned quad.
-template <class T, int W>
-__device__ __forceinline__ void store_pack16(T* dst, const Pack<T, W>& v) {
-  static_assert(sizeof(Pack<T, W>) == 16, "16-byte packs");
-  uint32_t w[4];
-  memcpy(w, &v, 16);
-  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(w[0]), "r"(w[1]),
-               "r"(w[2]), "r"(w[3])
-               : "memory");
-}
-
 // Block bt = b * T + t rotates the first `rotated_packs` packs of its position's H * D / W.
 template <class T, int W>
 __global__ void rope_pack_kernel(T* out, const T* x, const float* cos_tab, const float* sin_tab,
@@ -62,36 +43,18 @@ __global__ void rope_pack_kernel(T* out, const T* x, const float* cos_tab, const
   const float* cos_row = cos_tab + static_cast<int64_t>(t) * half;
   const float* sin_row = sin_tab + static_cast<int64_t>(t) * half;
   const int64_t row = bt * row_packs * W;
-  const int step = static_cast<int>(blockDim.x);
-  for (int first = threadIdx.x; first < rotated_packs; first += kRopePacksInFlight * step) {
-    // Every read of this round (the packs and their angles) before any write.
-    Pack<T, W> xp[kRopePacksInFlight];
-    float c[kRopePacksInFlight][W / 2], s[kRopePacksInFlight][W / 2];
+  for (int p = threadIdx.x; p < rotated_packs; p += blockDim.x) {
+    const int i0 = (p % head_packs) * (W / 2);  // the pack's first pair within its head
+    const Pack<T, W> xp = load_pack<T, W>(x + row + static_cast<int64_t>(p) * W);
+    Pack<T, W> op;
 #pragma unroll
-    for (int u = 0; u < kRopePacksInFlight; ++u) {
-      const int p = first + u * step;
-      if (p >= rotated_packs) continue;
-      xp[u] = load_pack<T, W>(x + row + static_cast<int64_t>(p) * W);
-      const int i0 = (p % head_packs) * (W / 2);  // the pack's first pair within its head
-#pragma unroll
-      for (int j = 0; j < W / 2; ++j) {
-        c[u][j] = cos_row[i0 + j];
-        s[u][j] = direction * sin_row[i0 + j];
-      }
+    for (int j = 0; j < W / 2; ++j) {
+      const float c = cos_row[i0 + j], s = direction * sin_row[i0 + j];
+      const float x0 = to_f32(xp.v[2 * j]), x1 = to_f32(xp.v[2 * j + 1]);
+      op.v[2 * j] = from_f32<T>(c * x0 - s * x1);
+      op.v[2 * j + 1] = from_f32<T>(s * x0 + c * x1);
     }
-#pragma unroll
-    for (int u = 0; u < kRopePacksInFlight; ++u) {
-      const int p = first + u * step;
-      if (p >= rotated_packs) continue;
-      Pack<T, W> op;
-#pragma unroll
-      for (int j = 0; j < W / 2; ++j) {
-        const float x0 = to_f32(xp[u].v[2 * j]), x1 = to_f32(xp[u].v[2 * j + 1]);
-        op.v[2 * j] = from_f32<T>(c[u][j] * x0 - s[u][j] * x1);
-        op.v[2 * j + 1] = from_f32<T>(s[u][j] * x0 + c[u][j] * x1);
-      }
-      store_pack16<T, W>(out + row + static_cast<int64_t>(p) * W, op);
-    }
+    store_pack<T, W>(out + row + static_cast<int64_t>(p) * W, op);
   }
 }
 
