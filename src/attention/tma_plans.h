@@ -151,16 +151,19 @@ inline constexpr TmaForwardPlan kTmaForwardPlans[] = {
     {256, 128, 64, 2, true, true},
     {256, 128, 64, 2, false, false},
     // One K and one V slot, so that two Q slots fit at head dim 256: the next work tile's Q
-    // loads while this one runs, and K_{j+1} loads only once S_j has read K_j.
-    {256, 128, 64, 1, true, true},
-    // One consumer group, several blocks per SM (blocks_per_sm(): 3, 2, 2).
+    // loads while this one runs, and K_{j+1} loads only once S_j has read K_j (26% slower than
+    // s2 on the H200, 2026-12-05: a sweep candidate only).
+    {256, 128, 64, 1, true, false},
+    // One consumer group, several blocks per SM (blocks_per_sm(): 3, 2, 2). 64x128 lost to the
+    // 128x128 plan at GPT-2's and llama3-1b's shapes (2026-12-05): a sweep candidate only.
     {64, 64, 64, 2, false, true},
-    {64, 64, 128, 2, false, true},
+    {64, 64, 128, 2, false, false},
     {128, 64, 64, 2, false, true},
-    // Two heads a work tile (two consumer groups on the same 64 positions).
-    {64, 64, 128, 2, true, true, 2},
-    {128, 64, 128, 2, true, true, 2},
-    {128, 64, 64, 2, true, true, 2},
+    // Two heads a work tile (two consumer groups on the same 64 positions): slower than the
+    // defaults at every shape measured (2026-12-05), sweep candidates only.
+    {64, 64, 128, 2, true, false, 2},
+    {128, 64, 128, 2, true, false, 2},
+    {128, 64, 64, 2, true, false, 2},
 };
 inline constexpr int kTmaForwardPlanCount =
     static_cast<int>(sizeof(kTmaForwardPlans) / sizeof(kTmaForwardPlans[0]));

@@ -160,7 +160,9 @@ TEST(KernelConfig, TmaReasons) {
   EXPECT_NE(can_implement(bad, p, sm90).find("runs 384 threads"), std::string::npos);
   // Two heads a work tile: the query heads of a kv head in pairs (8 / 2 here; not 6 / 2 or MHA).
   const KernelConfig paired = KernelConfig::parse("fwd=64x64/384/tma", c);
-  EXPECT_EQ(can_implement(paired, p, sm90, KernelDirection::forward), "");
+  // (Accepted apart from being compiled: the two-head plans are sweep candidates only.)
+  const std::string pairs_ok = can_implement(paired, p, sm90, KernelDirection::forward);
+  EXPECT_TRUE(pairs_ok.empty() || pairs_ok.find("not compiled") != std::string::npos) << pairs_ok;
   for (const auto& [hq, hkv] : {std::pair<int64_t, int64_t>{6, 2}, {8, 8}}) {
     Problem odd = p;
     odd.q_heads = hq;
