@@ -678,8 +678,11 @@ struct DefaultRow {
 // 128x128 forward 6.17 ms), at the GPT-2 shape (D=64) 0.061 ms (wgmma 64x128: 0.069 ms); head
 // dim 256 has only the tma forward (128x64, the largest that fits) and the tma backward's one
 // plan there (64x64: two consumer groups share 64 keys, each half of the head dim). With
-// a window or segment ids (many short work tiles) the wgmma 64x64 forward stays faster (1.88 ms
-// against 2.03 ms for the best tma plan at window 512 + 5 documents). The backward is the tma
+// a window or segment ids (many short work tiles) the 64-row tma plan of one consumer group (two
+// or three blocks an SM) is the fastest at head dim 128: at window 512 + 5 documents 1.852 and
+// 1.851 ms in two rounds of one call beside FlexAttention's 1.989 / 1.986, the wgmma 64x64
+// forward 1.880 and the 128x128 tma plan 2.05 (docs/results/tma_forward_64rows/call2); head dim
+// 64 keeps the wgmma 64x64 forward there (the tma plan unmeasured with those masks). The backward is the tma
 // path's at head dims 64, 128 and 256, measured at 64 and 128 against the other paths
 // (PERF.md, "The tma backward": hero causal 13.2 ms against the
 // wgmma 64x128's 16.9, window + documents 5.09 against 6.06-6.57, llama3-1b at S=32768 34.1
@@ -708,7 +711,8 @@ constexpr DefaultRow kDefaults[] = {
     {"sm90", 64, MaskClass::dense, 0, "fwd=128x128/384/tma/s2/pp bwd=64x192/512/tma"},
     {"sm90", 128, MaskClass::dense, 0, "fwd=128x128/384/tma/s2/pp bwd=64x128/384/tma"},
     {"sm90", 256, MaskClass::dense, 0, "fwd=128x64/384/tma/s2/pp bwd=64x64/384/tma"},
-    {"sm90", 128, MaskClass::local, 0, "fwd=64x64/128/wgmma bwd=64x128/384/tma"},
+    {"sm90", 64, MaskClass::local, 0, "fwd=64x64/128/wgmma bwd=64x128/384/tma"},
+    {"sm90", 128, MaskClass::local, 0, "fwd=64x64/256/tma bwd=64x128/384/tma"},
     {"sm90", 256, MaskClass::local, 0, "fwd=128x64/384/tma/s2/pp bwd=64x64/384/tma"},
     {"sm100", 256, MaskClass::dense, 0, "fwd=128x64/128 bwd=64x128/256/double"},
     {"sm100", 256, MaskClass::local, 0, "fwd=64x64/128 bwd=64x64/128/double"},

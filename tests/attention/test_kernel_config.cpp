@@ -400,7 +400,9 @@ TEST(KernelConfig, DefaultsDependOnTheMaskClass) {
       << "head dim 32 has no wgmma kernels";
   p.mask.window = 512;
   EXPECT_EQ(mask_class_of(p.mask), MaskClass::local);
-  EXPECT_EQ(default_config(sm90, p).str(), "fwd=64x64/128/wgmma bwd=64x128/384/tma");
+  EXPECT_EQ(default_config(sm90, p).str(), "fwd=64x64/256/tma/s2/nopp bwd=64x128/384/tma");
+  EXPECT_EQ(default_config(sm90, 64, MaskClass::local).str(),
+            "fwd=64x64/128/wgmma bwd=64x128/384/tma");
   EXPECT_EQ(default_config(sm90, 256, MaskClass::local).str(),
             "fwd=128x64/384/tma/s2/pp bwd=64x64/384/tma");
   p.mask.window = 0;
