@@ -682,8 +682,8 @@ struct DefaultRow {
 // or three blocks an SM) is the fastest at head dim 128: at window 512 + 5 documents 1.852 and
 // 1.851 ms in two rounds of one call beside FlexAttention's 1.989 / 1.986, the wgmma 64x64
 // forward 1.880 and the 128x128 tma plan 2.05 (docs/results/tma_forward_64rows/call2); head dim
-// 64 keeps the wgmma 64x64 forward there (the tma plan unmeasured with those masks). The backward is the tma
-// path's at head dims 64, 128 and 256, measured at 64 and 128 against the other paths
+// 64 keeps the wgmma 64x64 forward there (the tma plan unmeasured with those masks). The backward
+// is the tma path's at head dims 64, 128 and 256, measured at 64 and 128 against the other paths
 // (PERF.md, "The tma backward": hero causal 13.2 ms against the
 // wgmma 64x128's 16.9, window + documents 5.09 against 6.06-6.57, llama3-1b at S=32768 34.1
 // against 39.0, GPT-2 0.195 against the wgmma 64x64's 0.193-0.196; `flashtrain sweep

@@ -65,9 +65,18 @@ struct TmaForwardPlan {
   constexpr int64_t tile_bytes(int rows) const { return int64_t{rows} * head_dim * 2; }
   constexpr int64_t ring_bytes() const { return 2 * stages * tile_bytes(block_n); }
   // The two segment tables (a cover byte and a key segment id per key tile) and the mbarriers.
-  static constexpr int64_t table_bytes() { return 2 * kTmaTileTable * 5; }
+  static constexpr int64_t table_bytes_for(int tiles) { return 2 * int64_t{tiles} * 5; }
   static constexpr int64_t barrier_bytes() { return 256; }
   static constexpr int64_t align_slack() { return 1024; }
+  // Key tiles a segment table holds: kTmaTileTable, or half that where the full tables would not
+  // fit beside one Q slot and the ring (head dim 256 with 80-key tiles); work tiles with more
+  // key tiles are classified tile by tile.
+  constexpr int table_tiles() const {
+    const int64_t rest = tile_bytes(q_rows()) + ring_bytes() + barrier_bytes() + align_slack();
+    return rest + table_bytes_for(kTmaTileTable) <= kSm90SmemPerBlock ? kTmaTileTable
+                                                                      : kTmaTileTable / 2;
+  }
+  constexpr int64_t table_bytes() const { return table_bytes_for(table_tiles()); }
   constexpr int64_t bytes_with_q_slots(int slots) const {
     return slots * tile_bytes(q_rows()) + ring_bytes() + table_bytes() + barrier_bytes() +
            align_slack();
@@ -150,6 +159,10 @@ inline constexpr TmaForwardPlan kTmaForwardPlans[] = {
     {128, 192, 64, 2, true, false},
     {256, 128, 64, 2, true, true},
     {256, 128, 64, 2, false, false},
+    // 80-key tiles (FlashAttention-3's at head dim 256): the S product's shared-memory reads per
+    // FLOP fall (Q's 64 x 16 operand read once per 80 keys, not per 64), which the 64-key plan
+    // spends all of sm90's 128 bytes a cycle on at the tensor cores' peak.
+    {256, 128, 80, 2, true, true},
     // One K and one V slot, so that two Q slots fit at head dim 256: the next work tile's Q
     // loads while this one runs, and K_{j+1} loads only once S_j has read K_j (26% slower than
     // s2 on the H200, 2026-12-05: a sweep candidate only).
@@ -176,7 +189,9 @@ constexpr const char* tma_plan_defect(const TmaForwardPlan& p) {
   }
   if (p.heads != 1 && p.heads != 2) return "one or two heads a work tile";
   if (p.heads == 2 && p.block_m != 64) return "two heads a work tile of 64 rows";
-  if (p.block_n != 64 && p.block_n != 128) return "key tiles of 64 or 128";
+  if (p.block_n != 64 && p.block_n != 128 && !(p.block_n == 80 && p.head_dim == 256)) {
+    return "key tiles of 64 or 128 (80 at head dim 256)";
+  }
   if (p.stages < 1 || p.stages > 4) return "1 to 4 stages";
   if (p.pingpong && p.consumer_groups() < 2) return "turns (pingpong) need two consumer groups";
   if (p.consumer_groups() == 1 && p.blocks_per_sm() < 2) {

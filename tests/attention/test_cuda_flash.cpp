@@ -194,6 +194,17 @@ TEST_F(CudaFlashTest, VeryLongBf16ProblemMatchesNaiveFp32) {
   check_against_naive_fp32("s16448 bf16", in, configs_under_test(in.problem));
 }
 
+// Rows of more key tiles than a tma forward plan's segment table holds (128 tiles of 80 keys at
+// head dim 256 with 80-key tiles: 10240 positions) classify their key tiles one by one, on both
+// sides of the pipeline; documents and causal at 10400 positions, every compiled configuration.
+TEST_F(CudaFlashTest, RowsLongerThanTheSegmentTableMatchNaiveFp32) {
+  Mask mask;
+  mask.causal = true;
+  mask.has_segments = true;
+  const Inputs in = make_inputs({1, 10400, 2, 1, 256}, mask, DType::bf16, 31);
+  check_against_naive_fp32("s10400 segments d256", in, configs_under_test(in.problem));
+}
+
 // The tma backward runs its blocks in groups of (batch, kv head) pairs sized by the L2, the last
 // group holding at least two waves of blocks (on an H200, 60 MiB of L2 and 132 SMs, these twelve
 // pairs of 8 MiB of Q and dO and 32 key blocks go as one group of 3 and a last group of 9) and,

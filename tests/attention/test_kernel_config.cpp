@@ -137,6 +137,23 @@ TEST(KernelConfig, OneGroupTmaPlansShareTheSm) {
   EXPECT_GT(shared, 0);
 }
 
+// Every plan's segment tables hold kTmaTileTable key tiles, except where they would not fit
+// beside one Q slot and the ring: head dim 256 with 80-key tiles (64 KB of Q, 160 KB of ring)
+// holds half as many. Key tiles of 80 are refused at the other head dims.
+TEST(KernelConfig, TmaSegmentTablesFitBesideTheRing) {
+  for (const TmaForwardPlan& plan : kTmaForwardPlans) {
+    const bool halved = plan.head_dim == 256 && plan.block_n == 80;
+    EXPECT_EQ(plan.table_tiles(), halved ? kTmaTileTable / 2 : kTmaTileTable)
+        << plan.head_dim << " " << plan.block_m << "x" << plan.block_n;
+    EXPECT_EQ(plan.table_bytes(), 10 * plan.table_tiles());
+    EXPECT_LE(plan.smem_bytes(), kSm90SmemPerBlock);
+  }
+  TmaForwardPlan d128{128, 128, 80, 2, true, false};
+  EXPECT_STREQ(tma_plan_defect(d128), "key tiles of 64 or 128 (80 at head dim 256)");
+  d128.head_dim = 256;
+  EXPECT_EQ(tma_plan_defect(d128), nullptr);
+}
+
 TEST(KernelConfig, TmaReasons) {
   const DeviceLimits sm90 = DeviceLimits::for_arch("sm90");
   const KernelConfig c = KernelConfig::parse("fwd=128x128/384/tma/s2/pp bwd=64x128/256/wgmma");

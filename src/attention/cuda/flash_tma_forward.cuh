@@ -77,7 +77,7 @@ struct Smem {
   static constexpr int64_t kK = kQ + kQSlots * P.tile_bytes(P.q_rows());
   static constexpr int64_t kV = kK + P.stages * P.tile_bytes(P.block_n);
   static constexpr int64_t kTable = kV + P.stages * P.tile_bytes(P.block_n);
-  static constexpr int64_t kBarriers = kTable + TmaForwardPlan::table_bytes();
+  static constexpr int64_t kBarriers = kTable + P.table_bytes();
   static constexpr int kBarrierCount = 2 * kQSlots + 4 * P.stages;
   static_assert(kBarriers + TmaForwardPlan::barrier_bytes() + TmaForwardPlan::align_slack() ==
                     P.smem_bytes(),
@@ -102,11 +102,11 @@ struct Smem {
   __device__ __nv_bfloat16* o(int slot, int g) const { return q(slot) + g * 64 * kPanel; }
   // The segment tables of work tiles with even and odd local index.
   __device__ int* table_ids(int parity) const {
-    return reinterpret_cast<int*>(base + kTable) + parity * kTmaTileTable;
+    return reinterpret_cast<int*>(base + kTable) + parity * P.table_tiles();
   }
   __device__ int8_t* table_covers(int parity) const {
-    return reinterpret_cast<int8_t*>(base + kTable + 2 * kTmaTileTable * 4) +
-           parity * kTmaTileTable;
+    return reinterpret_cast<int8_t*>(base + kTable + 2 * P.table_tiles() * 4) +
+           parity * P.table_tiles();
   }
   __device__ uint64_t* barrier(int i) const {
     return reinterpret_cast<uint64_t*>(base + kBarriers) + i;
@@ -131,14 +131,14 @@ __device__ __forceinline__ constexpr int epilogue_barrier(int g) {
 
 // ---- key tiles of a work tile and their covers ----
 
-template <int BM, int BN, bool SEG>
+template <int BM, int BN, int TABLE, bool SEG>
 struct KeyTiles {
   const FlashParams& p;
   int q0, q1;      // the work tile's query rows [q0, q1)
   int begin, end;  // key tiles that causal and window leave: [begin, end)
   const SegmentChunk* chunk_row;
   SegmentChunk q_span;
-  int* ids;  // the table (SEG and short enough), else null
+  int* ids;  // the table (SEG and at most TABLE key tiles), else null
   int8_t* covers;
 
   // The producer (`classifies`) needs the query block's segment span; a consumer only when
@@ -153,7 +153,7 @@ struct KeyTiles {
     begin = keys.x / BN;
     end = (keys.y + BN - 1) / BN;
     chunk_row = SEG ? p.segment_chunks + int64_t{w.batch} * p.chunks_per_row() : nullptr;
-    const bool table = SEG && end - begin <= kTmaTileTable;
+    const bool table = SEG && end - begin <= TABLE;
     ids = table ? table_ids : nullptr;
     covers = table ? table_covers : nullptr;
     q_span = SEG && (classifies || !table) ? span_of<BM>(q0, q1) : SegmentChunk{0, 0, 0, 0};
@@ -248,8 +248,8 @@ __device__ __forceinline__ void produce(const TmaForwardArgs& a, const Smem<PLAN
     // two slots: the one before last, so its segment table is free too).
     if (lane == 0) mbar_wait(s.q_empty(q_ring.slot), q_ring.parity ^ 1);
     __syncwarp();
-    KeyTiles<P.block_m, P.block_n, SEG> tiles(a.p, w, s.table_ids(local & 1),
-                                              s.table_covers(local & 1), true);
+    KeyTiles<P.block_m, P.block_n, P.table_tiles(), SEG> tiles(a.p, w, s.table_ids(local & 1),
+                                                               s.table_covers(local & 1), true);
     tiles.classify_all(lane);
     __syncwarp();
     // Every lane arrives (its table entries are then visible to the consumers); lane 0 also
@@ -307,21 +307,21 @@ __device__ __forceinline__ void mask_scores(float (&s)[NT * 4], const FlashParam
 }
 
 // The largest (LARGEST) or smallest score of this thread's row `half` (its elements 2 * half and
-// 2 * half + 1 of each 8-column block) as a tree, log2(NT) + 1 comparisons deep: a running
+// 2 * half + 1 of each 8-column block) as a tree, ceil(log2(NT)) + 1 comparisons deep: a running
 // extremum would chain all 2 * NT of them, and the softmax's row maximum is on the path from a
-// tile's scores to its exponentials.
+// tile's scores to its exponentials. Each level pairs the first n / 2 values with the upper half
+// (ceil(n / 2) on); an odd n leaves its middle value for the next level.
 template <int NT, bool LARGEST>
 __device__ __forceinline__ float row_extremum(const float (&s)[NT * 4], int half) {
-  static_assert((NT & (NT - 1)) == 0, "the tree halves NT down to one");
   auto pick = [](float x, float y) { return LARGEST ? fmaxf(x, y) : fminf(x, y); };
   float v[NT];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) v[nt] = pick(s[4 * nt + 2 * half], s[4 * nt + 2 * half + 1]);
 #pragma unroll
-  for (int width = NT / 2; width >= 1; width /= 2) {
+  for (int n = NT; n > 1; n = (n + 1) / 2) {
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) {
-      if (i < width) v[i] = pick(v[i], v[i + width]);
+      if (i < n / 2) v[i] = pick(v[i], v[i + (n + 1) / 2]);
     }
   }
   return v[0];
@@ -475,8 +475,8 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
     const int t = a.order.next_tile(step, blockIdx.x, gridDim.x);
     if (t < 0) break;
     const WorkTile w = a.order.at(t);
-    const KeyTiles<BM, BN, SEG> tiles(p, w, s.table_ids(local & 1), s.table_covers(local & 1),
-                                      false);
+    const KeyTiles<BM, BN, P.table_tiles(), SEG> tiles(p, w, s.table_ids(local & 1),
+                                                       s.table_covers(local & 1), false);
     const int32_t* seg_row = SEG ? p.segment_ids + int64_t{w.batch} * S : nullptr;
     // This thread's two rows.
     const int rows[2] = {tiles.q0 + P.group_row(g) + warp * 16 + lane / 4,

@@ -309,6 +309,7 @@ __device__ __forceinline__ void pin(uint32_t (&r)[K][N]) {
   "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 #define FT_WG_ACC16(d) FT_WG_ACC8(d, 0), FT_WG_ACC8(d, 8)
 #define FT_WG_ACC32(d) FT_WG_ACC8(d, 0), FT_WG_ACC8(d, 8), FT_WG_ACC8(d, 16), FT_WG_ACC8(d, 24)
+#define FT_WG_ACC40(d) FT_WG_ACC32(d), FT_WG_ACC8(d, 32)
 #define FT_WG_ACC64(d) FT_WG_ACC32(d), FT_WG_ACC8(d, 32), FT_WG_ACC8(d, 40), FT_WG_ACC8(d, 48), \
   FT_WG_ACC8(d, 56)
 #define FT_WG_ACC128(d) FT_WG_ACC64(d), FT_WG_ACC8(d, 64), FT_WG_ACC8(d, 72), FT_WG_ACC8(d, 80), \
@@ -317,6 +318,10 @@ __device__ __forceinline__ void pin(uint32_t (&r)[K][N]) {
 #define FT_WG_REGS32 \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
   "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define FT_WG_REGS40 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, " \
+  "%37, %38, %39}"
 #define FT_WG_REGS64 \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
   "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, " \
@@ -338,7 +343,8 @@ __device__ __forceinline__ void pin(uint32_t (&r)[K][N]) {
 // contiguous in a row), 1 when MN-major (its rows are the reduction).
 template <int N, int TA, int TB>
 __device__ __forceinline__ void mma_ss(float (&d)[N / 2], uint64_t a, uint64_t b, bool accumulate) {
-  static_assert(N == 32 || N == 64 || N == 128 || N == 256, "N is 32, 64, 128 or 256");
+  static_assert(N == 32 || N == 64 || N == 80 || N == 128 || N == 256,
+                "N is 32, 64, 80, 128 or 256");
 #ifdef FT_HOPPER_ENABLED
   if constexpr (N == 32) {
     asm volatile(
@@ -353,6 +359,13 @@ __device__ __forceinline__ void mma_ss(float (&d)[N / 2], uint64_t a, uint64_t b
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FT_WG_REGS32
         ", %32, %33, p, 1, 1, %35, %36;\n}\n"
         : FT_WG_ACC32(d)
+        : "l"(a), "l"(b), "r"(int{accumulate}), "n"(TA), "n"(TB));
+  } else if constexpr (N == 80) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 " FT_WG_REGS40
+        ", %40, %41, p, 1, 1, %43, %44;\n}\n"
+        : FT_WG_ACC40(d)
         : "l"(a), "l"(b), "r"(int{accumulate}), "n"(TA), "n"(TB));
   } else if constexpr (N == 128) {
     asm volatile(
@@ -400,10 +413,12 @@ __device__ __forceinline__ void mma_rs(float (&d)[N / 2], const uint32_t (&a)[4]
 #undef FT_WG_ACC8
 #undef FT_WG_ACC16
 #undef FT_WG_ACC32
+#undef FT_WG_ACC40
 #undef FT_WG_ACC64
 #undef FT_WG_ACC128
 #undef FT_WG_REGS16
 #undef FT_WG_REGS32
+#undef FT_WG_REGS40
 #undef FT_WG_REGS64
 #undef FT_WG_REGS128
 
