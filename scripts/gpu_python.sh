@@ -9,7 +9,7 @@
 # bench/python_attention.py: flashtrain from Python beside PyTorch SDPA's backends and the C++
 # bench on the same shapes, and the binding's overhead per call (BENCH_ARGS: its flags, as shell
 # words; TESTS=0 runs only the benchmark), and bench/python_routes.py: the DLPack route and the
-# PyTorch extension back to back (ROUTES_ARGS: its flags). Where the wheel has the extension
+# PyTorch extension back to back (ROUTES_ARGS: its flags; ROUTES=0 skips it). Where the wheel has the extension
 # (flashtrain._torch_ext, the default route for PyTorch tensors), the PyTorch tests run a second
 # time on the DLPack route (FLASHTRAIN_TORCH_EXT=0; DLPACK_TESTS=0 skips that). Extra arguments
 # go to pytest (e.g. -k torch). Logs under $OUT (default ./gpu-out): gpu.txt, pytest.log,
@@ -75,7 +75,7 @@ if [ "${BENCH:-1}" != 0 ]; then
   bench_args=()
   eval "bench_args=(${BENCH_ARGS:-})"
   bench python_attention "${bench_args[@]}"
-  if grep -q "route.*_TorchExtension" "$out/gpu.txt"; then
+  if [ "${ROUTES:-1}" != 0 ] && grep -q "route.*_TorchExtension" "$out/gpu.txt"; then
     routes_args=()
     eval "routes_args=(${ROUTES_ARGS:---device cuda --dtype bf16,fp32 --dir fwd,fwd+bwd})"
     bench python_routes "${routes_args[@]}"

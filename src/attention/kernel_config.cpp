@@ -676,8 +676,11 @@ struct DefaultRow {
 // (docs/PERF.md, "The tma forward", 2026-12-01): dense masks run the tma forward, 128x128 with
 // two ring stages and turns: at B=32 S=4096 Hq=16 Hkv=4 D=128 causal 3.8-3.9 ms (the wgmma
 // 128x128 forward 6.17 ms), at the GPT-2 shape (D=64) 0.061 ms (wgmma 64x128: 0.069 ms); head
-// dim 256 has only the tma forward (128x64, the largest that fits) and the tma backward's one
-// plan there (64x64: two consumer groups share 64 keys, each half of the head dim). With
+// dim 256 has only the tma paths: the forward's 80-key tiles beside the 64-key plan's with
+// causal masks (7.36 and 7.45 ms in two rounds of one call, cuDNN 7.35 in both: 1.00x / 0.99x,
+// docs/results/tma_forward_d256/call1), the 64-key plan with a window or documents (80 there is
+// unmeasured), and the tma backward's one plan (64x64: two consumer groups share 64 keys, each
+// half of the head dim). With
 // a window or segment ids (many short work tiles) the 64-row tma plan of one consumer group (two
 // or three blocks an SM) is the fastest at head dim 128: at window 512 + 5 documents 1.852 and
 // 1.851 ms in two rounds of one call beside FlexAttention's 1.989 / 1.986, the wgmma 64x64
@@ -710,7 +713,7 @@ constexpr DefaultRow kDefaults[] = {
     {"sm90", 64, MaskClass::dense, kLongSeqLen, "fwd=192x128/512/tma/s2/pp bwd=64x192/512/tma"},
     {"sm90", 64, MaskClass::dense, 0, "fwd=128x128/384/tma/s2/pp bwd=64x192/512/tma"},
     {"sm90", 128, MaskClass::dense, 0, "fwd=128x128/384/tma/s2/pp bwd=64x128/384/tma"},
-    {"sm90", 256, MaskClass::dense, 0, "fwd=128x64/384/tma/s2/pp bwd=64x64/384/tma"},
+    {"sm90", 256, MaskClass::dense, 0, "fwd=128x80/384/tma/s2/pp bwd=64x64/384/tma"},
     {"sm90", 64, MaskClass::local, 0, "fwd=64x64/128/wgmma bwd=64x128/384/tma"},
     {"sm90", 128, MaskClass::local, 0, "fwd=64x64/256/tma bwd=64x128/384/tma"},
     {"sm90", 256, MaskClass::local, 0, "fwd=128x64/384/tma/s2/pp bwd=64x64/384/tma"},

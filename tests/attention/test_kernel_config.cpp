@@ -410,8 +410,8 @@ TEST(KernelConfig, DefaultsDependOnTheMaskClass) {
   EXPECT_EQ(default_config(sm90, 64, MaskClass::dense).str(),
             "fwd=128x128/384/tma/s2/pp bwd=64x192/512/tma");
   EXPECT_EQ(default_config(sm90, 256, MaskClass::dense).str(),
-            "fwd=128x64/384/tma/s2/pp bwd=64x64/384/tma")
-      << "head dim 256: the tma paths' one plan each";
+            "fwd=128x80/384/tma/s2/pp bwd=64x64/384/tma")
+      << "head dim 256: the tma paths only";
   EXPECT_EQ(default_config(sm90, 32, MaskClass::dense).str(),
             "fwd=128x64/128 bwd=64x128/256/double")
       << "head dim 32 has no wgmma kernels";
