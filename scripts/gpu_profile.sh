@@ -24,8 +24,6 @@
 # TAG: a name for the report files (default the kernel). TRAIN_ARGS: profile the first launch
 # matching KERNEL_REGEX in a two-step bf16 flash training run of that model and shape
 # (`flashtrain train`) instead of the attention bench (LAUNCH_SKIP: matching launches to skip).
-# PEER_IMPL (e.g. sdpa-cudnn, with KERNEL_REGEX=fprop): profile PyTorch's kernel instead, run by
-# bench/torch_attention_peer.py on the same CASE and BATCH (one timed call, no warm-up).
 set -uo pipefail
 out="${OUT:-gpu-out}/profile"
 mkdir -p "$out"
@@ -37,9 +35,6 @@ if [ -n "${TRAIN_ARGS:-}" ]; then
   # shellcheck disable=SC2206
   program=(build-gpu/carry/flashtrain train --device cuda --val-data '' --sample-tokens 0
     --steps 2 --warmup 1 --lr 1e-4 --dtype bf16 --attention flash ${TRAIN_ARGS})
-elif [ -n "${PEER_IMPL:-}" ]; then
-  program=(python3 bench/torch_attention_peer.py --case "${CASE:-hero-causal}" --batch "${BATCH:-4}"
-    --impl "$PEER_IMPL" --warmup 0 --warmup-ms 0 --iters 1 --max-sets 1)
 else
   program=("${BENCH:-build-gpu/carry/bench_attention_gpu}" --case "${CASE:-hero-causal}"
     --batch "${BATCH:-4}" --impl flash
