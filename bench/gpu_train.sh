@@ -82,9 +82,10 @@ run gpt2_bf16_b16_flash_whole \
   "--model gpt2 --batch-size 16 --seq-len 1024 --dtype bf16 --attention flash --classifier-chunk 0"
 run llama1b_bf16_flash_whole \
   "--model llama3-1b --batch-size 4 --seq-len 2048 --dtype bf16 --attention flash --classifier-chunk 0"
-# Classifier chunks larger than auto's 256 MiB (1024 rows at llama3-1b's 128256-column
-# vocabulary): the classifier GEMMs of 1024 rows ran at ~653-690 TFLOP/s where larger ones run
-# ~780; what more rows a chunk buy in tok/s and cost in peak memory, ours alone.
+# Classifier chunks of a given size beside auto's (512 MiB: 2048 rows at llama3-1b's
+# 128256-column vocabulary, the chunk2048 row; the 1024-row chunks of the earlier 256 MiB budget
+# ran the classifier GEMMs at ~653-690 TFLOP/s where larger ones run ~780): what more rows a
+# chunk buy in tok/s and cost in peak memory, ours alone.
 run llama1b_bf16_chunk2048 \
   "--model llama3-1b --batch-size 4 --seq-len 2048 --dtype bf16 --attention flash --classifier-chunk 2048"
 run llama1b_bf16_chunk4096 \

@@ -9,11 +9,11 @@
 # bench/python_attention.py: flashtrain from Python beside PyTorch SDPA's backends and the C++
 # bench on the same shapes, and the binding's overhead per call (BENCH_ARGS: its flags, as shell
 # words; TESTS=0 runs only the benchmark), and bench/python_routes.py: the DLPack route and the
-# PyTorch extension back to back (ROUTES_ARGS: its flags; ROUTES=0 skips it). Where the wheel has the extension
-# (flashtrain._torch_ext, the default route for PyTorch tensors), the PyTorch tests run a second
-# time on the DLPack route (FLASHTRAIN_TORCH_EXT=0; DLPACK_TESTS=0 skips that). Extra arguments
-# go to pytest (e.g. -k torch). Logs under $OUT (default ./gpu-out): gpu.txt, pytest.log,
-# pytest-dlpack.log, python_attention.md (the tables), python_attention.jsonl,
+# PyTorch extension back to back (ROUTES_ARGS: its flags; ROUTES=0 skips it). Where the wheel
+# has the extension (flashtrain._torch_ext, the default route for PyTorch tensors), the PyTorch
+# tests run a second time on the DLPack route (FLASHTRAIN_TORCH_EXT=0; DLPACK_TESTS=0 skips
+# that). Extra arguments go to pytest (e.g. -k torch). Logs under $OUT (default ./gpu-out):
+# gpu.txt, pytest.log, pytest-dlpack.log, python_attention.md (the tables), python_attention.jsonl,
 # python_attention.log (progress), python_routes.md, python_routes.jsonl. Exits non-zero when
 # pytest or a benchmark failed.
 set -uo pipefail

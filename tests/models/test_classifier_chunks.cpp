@@ -166,11 +166,12 @@ TEST(ClassifierChunk, ABackwardWithAnotherScaleThanForwardTrainsIsRefused) {
   EXPECT_THROW(model.set_classifier_chunk(-1), Error);
 }
 
-TEST(ClassifierChunk, AutoChunksAreEqualTileMultiplesWithin256MiB) {
-  // GPT-2 124M, bf16, 16 x 1024 rows: 100608 bytes a row, at most 2560 rows; 7 chunks of 2432.
+TEST(ClassifierChunk, AutoChunksAreEqualTileMultiplesWithinTheBudget) {
+  // kClassifierChunkBytes (512 MiB). GPT-2 124M, bf16, 16 x 1024 rows: 100608 bytes a row, at
+  // most 5336 rows; 4 chunks of 4096.
   const ModelConfig gpt2 = preset("gpt2");
   EXPECT_EQ(auto_classifier_chunk(gpt2, DType::bf16, 16 * 1024), 4096);
-  // llama3's 128256-row vocabulary, 4 x 2048: 8 chunks of 1024 rows.
+  // llama3's 128256-row vocabulary, 4 x 2048: at most 2093 rows; 4 chunks of 2048.
   const ModelConfig llama = preset("llama3-1b");
   EXPECT_EQ(auto_classifier_chunk(llama, DType::bf16, 4 * 2048), 2048);
   for (const ModelConfig& config : {gpt2, llama}) {
