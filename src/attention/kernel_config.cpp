@@ -680,12 +680,12 @@ struct DefaultRow {
 // causal masks (7.36 and 7.45 ms in two rounds of one call, cuDNN 7.35 in both: 1.00x / 0.99x,
 // docs/results/tma_forward_d256/call1), the 64-key plan with a window or documents (80 there is
 // unmeasured), and the tma backward's one plan (64x64: two consumer groups share 64 keys, each
-// half of the head dim). With
-// a window or segment ids (many short work tiles) the 64-row tma plan of one consumer group (two
-// or three blocks an SM) is the fastest at head dim 128: at window 512 + 5 documents 1.852 and
-// 1.851 ms in two rounds of one call beside FlexAttention's 1.989 / 1.986, the wgmma 64x64
-// forward 1.880 and the 128x128 tma plan 2.05 (docs/results/tma_forward_64rows/call2); head dim
-// 64 keeps the wgmma 64x64 forward there (the tma plan unmeasured with those masks). The backward
+// half of the head dim). With a window or segment ids (many short work tiles) the 64-row tma
+// plan of one consumer group (two or three blocks an SM) is the fastest at head dim 128: at
+// window 512 + 5 documents 1.852 and 1.851 ms in two rounds of one call beside FlexAttention's
+// 1.989 / 1.986, the wgmma 64x64 forward 1.880 and the 128x128 tma plan 2.05
+// (docs/results/tma_forward_64rows/call2); head dim 64 keeps the wgmma 64x64 forward there (the
+// tma plan unmeasured with those masks). The backward
 // is the tma path's at head dims 64, 128 and 256, measured at 64 and 128 against the other paths
 // (PERF.md, "The tma backward": hero causal 13.2 ms against the
 // wgmma 64x128's 16.9, window + documents 5.09 against 6.06-6.57, llama3-1b at S=32768 34.1
