@@ -85,7 +85,9 @@ std::string KernelConfig::forward_str() const {
 }
 
 std::string KernelConfig::backward_str() const {
-  return ft::str("bwd=", backward.str(), "/", backward_path_name(backward_path));
+  const bool stages = backward_path == BackwardPath::tma && backward_stages != 0;
+  return ft::str("bwd=", backward.str(), "/", backward_path_name(backward_path),
+                 stages ? ft::str("/s", backward_stages) : std::string());
 }
 
 std::string KernelConfig::str() const {
@@ -110,12 +112,13 @@ int config_number(const std::ssub_match& digits, const std::string& text) {
 KernelConfig KernelConfig::parse(const std::string& text, const KernelConfig& base) {
   static const std::regex fwd_re(
       R"(^fwd=(\d+)x(\d+)/(\d+)(?:/(mma|wgmma|tma))?(?:/s(\d+))?(?:/(pp|nopp))?$)");
-  static const std::regex bwd_re(R"(^bwd=(\d+)x(\d+)/(\d+)(?:/(single|double|wgmma|tma))?$)");
+  static const std::regex bwd_re(
+      R"(^bwd=(\d+)x(\d+)/(\d+)(?:/(single|double|wgmma|tma))?(?:/s(\d+))?$)");
   const std::string expected =
       "expected 'fwd=MxN/THREADS[/FPATH] bwd=MxN/THREADS/PATH', e.g. 'fwd=128x64/128 "
       "bwd=64x64/128/double' (either part may be left out; FPATH: mma (default), wgmma, or "
       "tma[/sSTAGES][/pp|/nopp] (default /s2, and /pp over 256 threads); PATH: single, double, "
-      "wgmma or tma)";
+      "wgmma or tma[/sSTAGES] (default: the tile's first plan))";
   KernelConfig c = base;
   std::istringstream words(text);
   std::string word;
@@ -135,6 +138,11 @@ KernelConfig KernelConfig::parse(const std::string& text, const KernelConfig& ba
       c.backward = {config_number(m[1], text), config_number(m[2], text),
                     config_number(m[3], text)};
       if (m[4].matched) c.backward_path = parse_backward_path(m[4]);
+      FT_CHECK(c.backward_path == BackwardPath::tma || !m[5].matched, "kernel config: '", word,
+               "': stages (/sN) belong to the tma backward only: ", expected);
+      c.backward_stages = m[5].matched ? config_number(m[5], text) : 0;
+      FT_CHECK(!m[5].matched || c.backward_stages > 0, "kernel config: '", word,
+               "': stages (/sN) count from 1: ", expected);
     } else {
       throw Error(ft::str("kernel config: cannot read '", word, "' in '", text, "': ", expected));
     }
@@ -258,18 +266,45 @@ int64_t forward_smem_bytes(const KernelConfig& c, int64_t head_dim) {
   return plan != nullptr ? plan->smem_bytes() : 0;
 }
 
-const TmaBackwardPlan* find_tma_backward_plan(const TileConfig& t, int64_t head_dim) {
+namespace {
+
+// The tma backward plan of a tile and ring depth (0: the tile's first plan) for a head dim.
+const TmaBackwardPlan* find_tma_backward_plan(const TileConfig& t, int stages, int64_t head_dim) {
   for (const TmaBackwardPlan& plan : kTmaBackwardPlans) {
-    if (plan.head_dim == head_dim && plan.block_m == t.block_m && plan.block_n == t.block_n) {
+    if (plan.head_dim == head_dim && plan.block_m == t.block_m && plan.block_n == t.block_n &&
+        (stages == 0 || plan.stages == stages)) {
       return &plan;
     }
   }
   return nullptr;
 }
 
+}  // namespace
+
+const TmaBackwardPlan* find_tma_backward_plan(const KernelConfig& c, int64_t head_dim) {
+  if (c.backward_path != BackwardPath::tma) return nullptr;
+  return find_tma_backward_plan(c.backward, c.backward_stages, head_dim);
+}
+
+KernelConfig with_tma_backward(KernelConfig base, const TmaBackwardPlan& plan) {
+  base.backward = {plan.block_m, plan.block_n, plan.threads()};
+  base.backward_path = BackwardPath::tma;
+  const TmaBackwardPlan* first = find_tma_backward_plan(base.backward, 0, plan.head_dim);
+  base.backward_stages = first != nullptr && *first == plan ? 0 : plan.stages;
+  return base;
+}
+
+int64_t backward_smem_bytes(const KernelConfig& c, int64_t head_dim) {
+  if (c.backward_path != BackwardPath::tma) {
+    return backward_smem_bytes(c.backward, c.backward_path, head_dim);
+  }
+  const TmaBackwardPlan* plan = find_tma_backward_plan(c, head_dim);
+  return plan != nullptr ? plan->smem_bytes() : 0;
+}
+
 int64_t backward_smem_bytes(const TileConfig& t, BackwardPath path, int64_t head_dim) {
   if (path == BackwardPath::tma) {
-    const TmaBackwardPlan* plan = find_tma_backward_plan(t, head_dim);
+    const TmaBackwardPlan* plan = find_tma_backward_plan(t, 0, head_dim);
     return plan != nullptr ? plan->smem_bytes() : 0;
   }
   const int64_t stages = path == BackwardPath::single ? 1 : 2;
@@ -367,6 +402,14 @@ std::vector<TileConfig> sweep_forward_tiles(ForwardPath path) {
 std::vector<TmaForwardPlan> sweep_tma_plans(int64_t head_dim) {
   std::vector<TmaForwardPlan> out;
   for (const TmaForwardPlan& plan : kTmaForwardPlans) {
+    if (plan.head_dim == head_dim) out.push_back(plan);
+  }
+  return out;
+}
+
+std::vector<TmaBackwardPlan> sweep_tma_backward_plans(int64_t head_dim) {
+  std::vector<TmaBackwardPlan> out;
+  for (const TmaBackwardPlan& plan : kTmaBackwardPlans) {
     if (plan.head_dim == head_dim) out.push_back(plan);
   }
   return out;
@@ -510,22 +553,23 @@ std::string tma_forward_reason(const KernelConfig& c, const Problem& problem) {
   return "";
 }
 
-// tma backward: the tile must be a plan of tma_plans.h for this head dim, with its threads (one
-// producer warpgroup and one consumer warpgroup per 64 keys, two at head dim 256).
-std::string tma_backward_reason(const TileConfig& t, int64_t head_dim) {
-  const TmaBackwardPlan* plan = find_tma_backward_plan(t, head_dim);
+// tma backward: the tile (and ring depth, where named) must be a plan of tma_plans.h for this head
+// dim, with its threads (one producer warpgroup and one consumer warpgroup per 64 keys, two at
+// head dim 256).
+std::string tma_backward_reason(const KernelConfig& c, int64_t head_dim) {
+  const TmaBackwardPlan* plan = find_tma_backward_plan(c, head_dim);
+  const std::string name = c.backward_str().substr(4);
   if (plan == nullptr) {
     std::string plans;
     for (const TmaBackwardPlan& p : kTmaBackwardPlans) {
       if (p.head_dim != head_dim) continue;
-      plans += (plans.empty() ? "" : ", ") + TileConfig{p.block_m, p.block_n, p.threads()}.str() +
-               "/tma";
+      plans += (plans.empty() ? "" : ", ") + with_tma_backward(c, p).backward_str().substr(4);
     }
-    return ft::str("backward tile ", t.str(), "/tma: not a tma backward plan for head dim ",
-                   head_dim, plans.empty() ? "" : " (plans: " + plans + ")");
+    return ft::str("backward tile ", name, ": not a tma backward plan for head dim ", head_dim,
+                   plans.empty() ? "" : " (plans: " + plans + ")");
   }
-  if (t.threads != plan->threads()) {
-    return ft::str("backward tile ", t.str(), "/tma: the plan runs ", plan->threads(),
+  if (c.backward.threads != plan->threads()) {
+    return ft::str("backward tile ", name, ": the plan runs ", plan->threads(),
                    " threads (a producer warpgroup and ", plan->consumer_groups(),
                    " consumer warpgroups)");
   }
@@ -596,21 +640,18 @@ Checks backward_checks(const KernelConfig& c, const Problem& p, const DeviceLimi
                 : wgmma ? head_dim_reason("wgmma backward kernels", wgmma_head_dims(), p.head_dim)
                         : head_dim_reason("bf16 flash kernels", flash_head_dims(), p.head_dim),
                 threads_reason("backward", c.backward, d.max_threads_per_block),
-                tma     ? tma_backward_reason(c.backward, p.head_dim)
+                tma     ? tma_backward_reason(c, p.head_dim)
                 : wgmma ? wgmma_backward_layout_reason(c.backward)
                         : backward_layout_reason(c.backward, p.head_dim),
-                smem_reason("backward tile", name,
-                            backward_smem_bytes(c.backward, c.backward_path, p.head_dim), d),
-                ""};
+                smem_reason("backward tile", name, backward_smem_bytes(c, p.head_dim), d), ""};
   const CompiledKernels& k = compiled_kernels();
-  const TmaBackwardPlan* plan = tma ? find_tma_backward_plan(c.backward, p.head_dim) : nullptr;
+  const TmaBackwardPlan* plan = find_tma_backward_plan(c, p.head_dim);
   const bool compiled =
       tma ? plan != nullptr && std::find(k.tma_backward_plans.begin(), k.tma_backward_plans.end(),
                                          *plan) != k.tma_backward_plans.end()
           : contains(k.backward_tiles(c.backward_path), c.backward);
   if (!compiled) {
-    out[4] = not_compiled(
-        ft::str("backward tile ", c.backward.str(), wgmma ? "/wgmma" : (tma ? "/tma" : "")));
+    out[4] = not_compiled(ft::str("backward tile ", name));
   }
   return out;
 }
@@ -762,8 +803,7 @@ KernelConfig with_deterministic_backward(KernelConfig c, const DeviceLimits& dev
       arch_family(device.compute_capability) == "sm90") {
     for (const TmaBackwardPlan& plan : kTmaBackwardPlans) {
       if (plan.head_dim == problem.head_dim) {
-        c.backward = {plan.block_m, plan.block_n, plan.threads()};
-        c.backward_path = BackwardPath::tma;
+        c = with_tma_backward(c, plan);
         break;
       }
     }

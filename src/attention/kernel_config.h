@@ -7,9 +7,10 @@
 // (key rows) / threads / path. The forward path is written only when it is not the default
 // (mma): "fwd=128x128/256/wgmma". The tma path also names its ring depth and whether its
 // consumer warpgroups take turns: "fwd=128x128/384/tma/s2/pp" (or "/nopp"); its tiles are the
-// plans of tma_plans.h. The backward path tma names a backward plan of tma_plans.h by its tile:
-// "bwd=64x128/384/tma". The text form is what the CLI, the sweep tables and the default table
-// use.
+// plans of tma_plans.h. The backward path tma names a backward plan of tma_plans.h by its tile
+// and, where a tile has plans of several ring depths, by its Q/dO ring: "bwd=64x128/384/tma" (the
+// tile's first plan in tma_plans.h) or "bwd=64x192/512/tma/s3". The text form is what the CLI, the
+// sweep tables and the default table use.
 //
 // Everything here is plain C++ (no CUDA): the sweep's --dry-run and the CI tests judge
 // configurations for a named architecture without a GPU.
@@ -69,20 +70,25 @@ struct KernelConfig {
   bool forward_pingpong = false;
   TileConfig backward{64, 64, 128};
   BackwardPath backward_path = BackwardPath::double_buffered;
+  // The tma backward only: ring slots of Q and dO; 0 names the tile's first plan in tma_plans.h
+  // (its default depth; written without /sN).
+  int backward_stages = 0;
 
-  // The tma knobs count only on the tma path (a configuration switched to another path by
-  // assigning forward_path keeps them, and means the same kernels).
+  // The tma knobs count only on the tma paths (a configuration switched to another path by
+  // assigning forward_path or backward_path keeps them, and means the same kernels).
   bool operator==(const KernelConfig& o) const {
     const bool tma_same =
         forward_path != ForwardPath::tma ||
         (forward_stages == o.forward_stages && forward_pingpong == o.forward_pingpong);
+    const bool tma_backward_same =
+        backward_path != BackwardPath::tma || backward_stages == o.backward_stages;
     return forward == o.forward && forward_path == o.forward_path && tma_same &&
-           backward == o.backward && backward_path == o.backward_path;
+           backward == o.backward && backward_path == o.backward_path && tma_backward_same;
   }
   bool operator!=(const KernelConfig& o) const { return !(*this == o); }
   std::string str() const;           // "fwd=128x64/128 bwd=64x64/128/double"
   std::string forward_str() const;   // "fwd=128x64/128", "fwd=128x128/256/wgmma" or ".../tma/s2/pp"
-  std::string backward_str() const;  // "bwd=64x64/128/double"
+  std::string backward_str() const;  // "bwd=64x64/128/double", "bwd=64x192/512/tma[/s3]"
   // Parses str()'s form; either part may be left out (it keeps `base`'s value). Throws
   // ft::Error with the offending text and the expected form.
   static KernelConfig parse(const std::string& text, const KernelConfig& base);
@@ -116,9 +122,16 @@ KernelConfig with_tma_forward(KernelConfig base, const TmaForwardPlan& plan);
 // The head dims of the tma plans, forward and backward.
 const std::vector<int64_t>& tma_head_dims();
 const std::vector<int64_t>& tma_backward_head_dims();
+// Shared memory of a backward kernel (bf16); the tma path's from its plan (0 when none matches:
+// the KernelConfig form, which knows the plan's ring depth).
 int64_t backward_smem_bytes(const TileConfig& tile, BackwardPath path, int64_t head_dim);
-// The tma backward plan of a tile for a head dim, or null.
-const TmaBackwardPlan* find_tma_backward_plan(const TileConfig& tile, int64_t head_dim);
+int64_t backward_smem_bytes(const KernelConfig& config, int64_t head_dim);
+// The tma backward plan that a configuration's backward names for a head dim (its tile and ring
+// depth; depth 0: the tile's first plan), or null.
+const TmaBackwardPlan* find_tma_backward_plan(const KernelConfig& config, int64_t head_dim);
+// `base` with its backward replaced by the plan's tile, threads and ring depth (0 where the plan
+// is its tile's first, so that the text form stays the short one).
+KernelConfig with_tma_backward(KernelConfig base, const TmaBackwardPlan& plan);
 
 // The head dims the bf16 kernels are compiled for: every mma.sync kernel, and the wgmma ones.
 const std::vector<int64_t>& flash_head_dims();
@@ -191,9 +204,11 @@ const CompiledKernels& compiled_kernels();
 // The tile sweep's candidates (compiled or not) of each path: mma.sync forward tiles with their
 // threads, mma.sync backward tiles x {128, 256} threads, and the wgmma tiles. The tma forward
 // path's candidates are the plans of tma_plans.h (sweep_tma_plans; empty here); the tma backward
-// path's are the tiles of its plans for `head_dim` (0: of every head dim).
+// path's are its plans (sweep_tma_backward_plans), whose tiles sweep_backward_tiles lists for
+// `head_dim` (0: of every head dim), each once.
 std::vector<TileConfig> sweep_forward_tiles(ForwardPath path = ForwardPath::mma);
 std::vector<TmaForwardPlan> sweep_tma_plans(int64_t head_dim);
+std::vector<TmaBackwardPlan> sweep_tma_backward_plans(int64_t head_dim);
 std::vector<TileConfig> sweep_backward_tiles(BackwardPath path = BackwardPath::double_buffered,
                                              int64_t head_dim = 0);
 

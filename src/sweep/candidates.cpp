@@ -77,6 +77,7 @@ std::vector<Candidate> make_candidates(SweepAxis axis, const std::vector<Backwar
     if (!path_tiles.empty() &&
         std::find(path_tiles.begin(), path_tiles.end(), fixed.backward) == path_tiles.end()) {
       fixed.backward = path_tiles.front();
+      fixed.backward_stages = 0;
     }
     if (axis != SweepAxis::backward) {
       for (ForwardPath forward_path : {ForwardPath::mma, ForwardPath::wgmma}) {
@@ -96,6 +97,15 @@ std::vector<Candidate> make_candidates(SweepAxis axis, const std::vector<Backwar
       }
     }
     if (axis != SweepAxis::forward) {
+      if (path == BackwardPath::tma) {
+        // The tma path's candidates are its plans (tile and ring depth) for this head dim.
+        for (const attention::TmaBackwardPlan& plan :
+             attention::sweep_tma_backward_plans(problem.head_dim)) {
+          const KernelConfig c = attention::with_tma_backward(fixed, plan);
+          add(c, c == base ? "base" : "backward");
+        }
+        continue;
+      }
       for (const TileConfig& tile : path_tiles) {
         KernelConfig c = fixed;
         c.backward = tile;

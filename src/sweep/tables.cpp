@@ -74,11 +74,14 @@ std::vector<std::string> table_cells(const SweepRow& r, bool with_gpu, bool dry_
   cells.push_back(r.config.forward_str().substr(4));
   cells.push_back(str(r.config.backward.block_m, "x", r.config.backward.block_n));
   cells.push_back(std::to_string(r.config.backward.threads));
-  cells.push_back(attention::backward_path_name(r.config.backward_path));
+  // The path, with the tma backward's ring depth where the configuration names one.
+  const bool stages =
+      r.config.backward_path == attention::BackwardPath::tma && r.config.backward_stages != 0;
+  cells.push_back(str(attention::backward_path_name(r.config.backward_path),
+                      stages ? str("/s", r.config.backward_stages) : std::string()));
   if (dry_run) {
     cells.push_back(std::to_string(attention::forward_smem_bytes(r.config, head_dim)));
-    cells.push_back(std::to_string(
-        attention::backward_smem_bytes(r.config.backward, r.config.backward_path, head_dim)));
+    cells.push_back(std::to_string(attention::backward_smem_bytes(r.config, head_dim)));
   } else if (r.timed) {
     // A timed row that failed its check (--time-failing) is marked with '!'.
     const std::string mark = r.passed() ? "" : "!";

@@ -67,12 +67,17 @@ inline std::vector<KernelConfig> configs_under_test(const Problem& p,
   }
   if (which == KernelDirection::forward) return out;
   for (BackwardPath path : all_backward_paths()) {
+    if (path == BackwardPath::tma) continue;  // its plans, below (a tile may have several depths)
     for (const TileConfig& tile : compiled_kernels().backward_tiles(path)) {
       KernelConfig c = base;
       c.backward = tile;
       c.backward_path = path;
+      c.backward_stages = 0;
       add(c);
     }
+  }
+  for (const TmaBackwardPlan& plan : compiled_kernels().tma_backward_plans) {
+    if (plan.head_dim == p.head_dim) add(with_tma_backward(base, plan));
   }
   return out;
 }

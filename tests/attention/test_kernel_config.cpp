@@ -82,6 +82,20 @@ TEST(KernelConfig, TmaPathInText) {
   // Back to another path: the tma knobs are cleared, so configurations compare equal.
   EXPECT_EQ(KernelConfig::parse("fwd=128x128/256/wgmma", c),
             KernelConfig::parse("fwd=128x128/256/wgmma bwd=64x128/256/wgmma"));
+  // The tma backward names a ring depth only where it is not its tile's first plan's; a word
+  // without /sN (or one that leaves the path out) goes back to the first plan.
+  const KernelConfig deep = KernelConfig::parse("bwd=64x192/512/tma/s3", c);
+  EXPECT_EQ(deep.backward_stages, 3);
+  EXPECT_EQ(deep.backward_str(), "bwd=64x192/512/tma/s3");
+  EXPECT_EQ(KernelConfig::parse(deep.str()), deep);
+  EXPECT_NE(deep, KernelConfig::parse("bwd=64x192/512/tma", c));
+  EXPECT_EQ(KernelConfig::parse("bwd=64x192/512/tma", deep).backward_stages, 0);
+  EXPECT_EQ(KernelConfig::parse("bwd=64x192/512", deep).backward_stages, 0);
+  // Other paths have no ring depth to name; a depth counts from 1.
+  expect_error([] { KernelConfig::parse("bwd=64x64/128/double/s2"); },
+               {"bwd=64x64/128/double/s2", "tma backward only"});
+  expect_error([] { KernelConfig::parse("bwd=64x128/384/s2"); }, {"tma backward only"});
+  expect_error([] { KernelConfig::parse("bwd=64x128/384/tma/s0"); }, {"count from 1"});
 }
 
 // Every plan of tma_plans.h is a configuration can_implement accepts on sm90 (for the forward)
@@ -210,17 +224,34 @@ TEST(KernelConfig, TmaBackwardPlansAndReasons) {
   EXPECT_EQ(KernelConfig::parse(c.str()), c);
   const DeviceLimits sm90 = DeviceLimits::for_arch("sm90");
   for (const TmaBackwardPlan& plan : kTmaBackwardPlans) {
-    const TileConfig tile{plan.block_m, plan.block_n, plan.threads()};
-    EXPECT_EQ(find_tma_backward_plan(tile, plan.head_dim), &plan);
-    EXPECT_EQ(backward_smem_bytes(tile, BackwardPath::tma, plan.head_dim), plan.smem_bytes());
+    const KernelConfig named = with_tma_backward(c, plan);
+    EXPECT_EQ(find_tma_backward_plan(named, plan.head_dim), &plan) << named.backward_str();
+    EXPECT_EQ(KernelConfig::parse(named.str()), named);
+    EXPECT_EQ(backward_smem_bytes(named, plan.head_dim), plan.smem_bytes());
     EXPECT_LE(plan.smem_bytes(), sm90.max_smem_per_block);
+    // The ring depth is written (/sN) only where the plan is not its tile's first.
+    const TileConfig tile{plan.block_m, plan.block_n, plan.threads()};
+    const KernelConfig short_form = KernelConfig::parse("bwd=" + tile.str() + "/tma", c);
+    const bool first = find_tma_backward_plan(short_form, plan.head_dim) == &plan;
+    EXPECT_EQ(named.backward_stages == 0, first) << named.backward_str();
+    EXPECT_EQ(named == short_form, first) << named.backward_str();
+    if (!first) {
+      EXPECT_EQ(named.backward_str(), ft::str(short_form.backward_str(), "/s", plan.stages));
+    } else {
+      EXPECT_EQ(backward_smem_bytes(tile, BackwardPath::tma, plan.head_dim), plan.smem_bytes());
+    }
     // K and V, Q, dO, lse and D per stage, two dS^T buffers (and two of P^T where two groups
-    // split the head dim: 256), fp32 dQ staging tiles (two of 64 x 64 per consumer; one of 64 x
-    // 128 where the head dim is split), barriers and records (256 bytes for two consumers, 384
-    // for three) and the alignment slack.
+    // split the head dim: 256), fp32 dQ staging tiles (two of 64 x 64 per consumer where they
+    // fit, else one; one of 64 x 128 where the head dim is split), barriers and records (256
+    // bytes for two consumers, 384 for three) and the alignment slack.
     const int64_t d = plan.head_dim, parts = d > 128 ? 2 : 1, groups = plan.block_n / 64 * parts;
     EXPECT_EQ(plan.consumer_groups(), groups);
-    const int64_t dq_slots = parts > 1 ? 1 : 2, dq_columns = 64 * parts;
+    const int64_t dq_slots = plan.bytes_with_dq_slots(2) <= kSm90SmemPerBlock ? 2 : 1;
+    EXPECT_EQ(plan.dq_slots(), dq_slots);
+    if (parts > 1) {
+      EXPECT_EQ(dq_slots, 1);
+    }
+    const int64_t dq_columns = 64 * parts;
     EXPECT_EQ(plan.smem_bytes(), 4 * d * plan.block_n + plan.stages * (4 * d * 64 + 8 * 64) +
                                      4 * plan.block_n * 64 * parts +
                                      dq_slots * groups * 64 * dq_columns * 4 +
@@ -242,6 +273,11 @@ TEST(KernelConfig, TmaBackwardPlansAndReasons) {
   EXPECT_NE(no_plan.find("64x128/384/tma"), std::string::npos) << no_plan;
   bad.backward = {64, 128, 256};
   EXPECT_NE(can_implement(bad, p, sm90).find("runs 384 threads"), std::string::npos);
+  // A ring depth the tile has no plan of is refused with the plans there are.
+  const std::string depth = can_implement(KernelConfig::parse("bwd=64x128/384/tma/s3", c), p, sm90);
+  EXPECT_NE(depth.find("backward tile 64x128/384/tma/s3: not a tma backward plan for head dim 128"),
+            std::string::npos)
+      << depth;
   // The deterministic mode: the tma backward takes it, the other bf16 paths refuse it, fp32
   // (deterministic already) takes any configuration.
   Problem det = p;
@@ -484,10 +520,10 @@ TEST(KernelConfig, SweepCandidatesCoverTheDefaults) {
   }
   const auto tma_bwd = sweep_backward_tiles(BackwardPath::tma);
   for (const TmaBackwardPlan& plan : compiled_kernels().tma_backward_plans) {
-    KernelConfig c = default_config(sm90, plan.head_dim);
-    c.backward = {plan.block_m, plan.block_n, plan.threads()};
-    c.backward_path = BackwardPath::tma;
+    const KernelConfig c = with_tma_backward(default_config(sm90, plan.head_dim), plan);
     EXPECT_NE(std::find(tma_bwd.begin(), tma_bwd.end(), c.backward), tma_bwd.end()) << c.str();
+    const auto plans = sweep_tma_backward_plans(plan.head_dim);
+    EXPECT_NE(std::find(plans.begin(), plans.end(), plan), plans.end()) << c.str();
     EXPECT_EQ(can_implement(c, bf16_problem(plan.head_dim), sm90), "") << c.str();
   }
   for (const TileConfig& t : compiled_kernels().wgmma_backward) {

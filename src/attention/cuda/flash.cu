@@ -227,13 +227,18 @@ void flash_bf16_forward(const KernelConfig& config, const FlashParams& p, cudaSt
                   " and head dim ", p.head_dim));
 }
 
-void flash_bf16_backward(const TileConfig& tile, BackwardPath path, const FlashParams& p,
-                         cudaStream_t stream) {
+void flash_bf16_backward(const KernelConfig& config, const FlashParams& p, cudaStream_t stream) {
+  // The tma path's ring depth: the one the configuration names, else its tile's first plan's.
+  const TmaBackwardPlan* plan = find_tma_backward_plan(config, p.head_dim);
+  const int stages = plan != nullptr ? plan->stages : 0;
   for (const auto& k : bf16_kernels().backward) {
-    if (k.head_dim == p.head_dim && k.tile == tile && k.path == path) return k.launch(p, stream);
+    if (k.head_dim == p.head_dim && k.tile == config.backward && k.path == config.backward_path &&
+        (k.path != BackwardPath::tma || k.stages == stages)) {
+      return k.launch(p, stream);
+    }
   }
-  throw Error(str("attention: no compiled bf16 backward kernel for tile ", tile.str(), "/",
-                  backward_path_name(path), " and head dim ", p.head_dim));
+  throw Error(str("attention: no compiled bf16 backward kernel for ", config.backward_str(),
+                  " and head dim ", p.head_dim));
 }
 
 // The tma kernels (and the dQ conversion) take q, k, v and dq, dk, dv rows as far apart as a fused
@@ -335,7 +340,7 @@ void run_backward(const Problem& p, FlashParams fp, const ForwardOutput& fwd, co
     fp.dq_semaphore = dq_semaphore.data<int32_t>();
     FT_CUDA_CHECK(cudaMemsetAsync(fp.dq_semaphore, 0, dq_semaphore.nbytes(), stream));
   }
-  flash_bf16_backward(config.backward, config.backward_path, fp, stream);
+  flash_bf16_backward(config, fp, stream);
   convert_dq_kernel<<<blocks_for(n / 4, 256), 256, 0, stream>>>(
       reinterpret_cast<const float4*>(fp.dq_accum), static_cast<__nv_bfloat16*>(fp.dq), n / 4,
       fp.q_heads * fp.head_dim, fp.dq_row, fp.scale);

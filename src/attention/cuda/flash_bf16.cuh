@@ -55,6 +55,7 @@ struct Bf16Kernels {
     TileConfig tile;
     BackwardPath path;
     BackwardLaunch launch;
+    int stages = 0;  // tma path: ring slots of Q and dO
   };
   std::vector<Forward> forward;
   std::vector<Backward> backward;

@@ -21,7 +21,6 @@ void flash_fp32_backward(const FlashParams& p, cudaStream_t stream);
 // accumulates dq in dq_accum (fp32, zeroed by the preprocess) and writes dk and dv (bf16);
 // flash.cu converts dq_accum into dq.
 void flash_bf16_forward(const KernelConfig& config, const FlashParams& p, cudaStream_t stream);
-void flash_bf16_backward(const TileConfig& tile, BackwardPath path, const FlashParams& p,
-                         cudaStream_t stream);
+void flash_bf16_backward(const KernelConfig& config, const FlashParams& p, cudaStream_t stream);
 
 }  // namespace ft::attention::cuda

@@ -982,7 +982,7 @@ void add_tma_backward_kernels(Bf16Kernels& k) {
     constexpr TmaBackwardPlan P = kTmaBackwardPlans[I];
     if constexpr (P.head_dim == D && tma_plan_compiled(P)) {
       k.backward.push_back({D, TileConfig{P.block_m, P.block_n, P.threads()}, BackwardPath::tma,
-                            &tma_bwd_detail::launch_tma_backward<I>});
+                            &tma_bwd_detail::launch_tma_backward<I>, P.stages});
     }
     add_tma_backward_kernels<D, I + 1>(k);
   }
