@@ -156,7 +156,7 @@ TEST(SweepCandidates, OneAxisAtATimeWithTheBaseFirst) {
   const std::vector<Candidate> bwd = candidates_for("sm90", SweepAxis::backward);
   // The base's path (tma on sm90) has its own backward tiles: its plans' for head dim 128 (the
   // 64x192 plan is head dim 64's only).
-  EXPECT_EQ(bwd.size(), attention::sweep_backward_tiles(base.backward_path, 128).size());
+  EXPECT_EQ(bwd.size(), attention::sweep_tma_backward_plans(128).size());
   EXPECT_LT(bwd.size(), attention::sweep_backward_tiles(base.backward_path).size());
   for (const Candidate& c : bwd) EXPECT_EQ(c.config.forward, base.forward) << c.config.str();
   const std::vector<Candidate> both = candidates_for("sm90", SweepAxis::both);
@@ -178,6 +178,29 @@ TEST(SweepCandidates, OneAxisAtATimeWithTheBaseFirst) {
   const size_t wgmma_bwd = attention::sweep_backward_tiles(BackwardPath::wgmma).size();
   EXPECT_EQ(paths.size(),
             both.size() + 2 * (fwd.size() + mma_bwd - 1) + fwd.size() + wgmma_bwd - 2);
+}
+
+// The tma backward's candidates are its plans, so a tile with plans of several Q/dO ring depths
+// is timed at each (the text names the depth of every plan but the tile's first).
+TEST(SweepCandidates, EveryTmaBackwardPlanOfTheHeadDimOnce) {
+  const DeviceLimits sm90 = DeviceLimits::for_arch("sm90");
+  for (int64_t d : attention::tma_backward_head_dims()) {
+    attention::Problem p = hero_problem();
+    p.head_dim = d;
+    const KernelConfig base = attention::default_config(sm90, p);
+    const std::vector<Candidate> bwd =
+        make_candidates(SweepAxis::backward, {BackwardPath::tma}, base, p, sm90);
+    const std::vector<attention::TmaBackwardPlan> plans = attention::sweep_tma_backward_plans(d);
+    ASSERT_EQ(bwd.size(), plans.size()) << d;
+    for (const attention::TmaBackwardPlan& plan : plans) {
+      const KernelConfig want = attention::with_tma_backward(base, plan);
+      const Candidate* c = find(bwd, want.str());
+      ASSERT_NE(c, nullptr) << want.str();
+      const attention::TmaBackwardPlan* found = attention::find_tma_backward_plan(c->config, d);
+      ASSERT_NE(found, nullptr) << want.str();
+      EXPECT_TRUE(*found == plan) << want.str();
+    }
+  }
 }
 
 TEST(SweepCandidates, RefusalsCarryCanImplementsReasons) {
