@@ -136,6 +136,10 @@ struct KeyTiles {
   const FlashParams& p;
   int q0, q1;      // the work tile's query rows [q0, q1)
   int begin, end;  // key tiles that causal and window leave: [begin, end)
+  // Without segment ids: the key tiles that no mask boundary cuts and that end inside the
+  // sequence, [full_begin, full_end) (a window cuts a prefix of [begin, end), the causal
+  // diagonal and the sequence's end a suffix), so that a consumer asks two comparisons a tile.
+  int full_begin = 0, full_end = 0;
   const SegmentChunk* chunk_row;
   SegmentChunk q_span;
   int* ids;  // the table (SEG and at most TABLE key tiles), else null
@@ -152,6 +156,13 @@ struct KeyTiles {
     const int2 keys = key_range(p, q0, q1);
     begin = keys.x / BN;
     end = (keys.y + BN - 1) / BN;
+    if (!SEG) {
+      // Full under causal: the tile's last key at most q0, (kb + 1) BN - 1 <= q0; under the
+      // window: its first key at least q1 - window, the last query's first visible key.
+      full_end = S / BN;
+      if (p.causal) full_end = min(full_end, (q0 + 1) / BN);
+      if (p.window > 0) full_begin = q1 - p.window <= 0 ? 0 : (q1 - p.window + BN - 1) / BN;
+    }
     chunk_row = SEG ? p.segment_chunks + int64_t{w.batch} * p.chunks_per_row() : nullptr;
     const bool table = SEG && end - begin <= TABLE;
     ids = table ? table_ids : nullptr;
@@ -191,6 +202,12 @@ struct KeyTiles {
     if (!SEG) return classify_spans(p, false, q_span, q_span, q0, q1, k0, k1);
     if (covers != nullptr) return static_cast<Cover>(covers[kb - begin]);
     return classify(p, chunk_row, q_span, q0, q1, k0, k1);
+  }
+  // Whether tile kb needs the element-wise mask: a boundary cuts it, or it runs past the
+  // sequence's end.
+  __device__ bool masked(int kb) const {
+    if (!SEG) return kb < full_begin || kb >= full_end;
+    return (kb + 1) * BN > p.seq_len || cover(kb) == Cover::partial;
   }
   // The first tile from kb on that the mask does not hide (causal and window hide none of
   // [begin, end)).
@@ -523,7 +540,7 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
     // Mask (where a boundary cuts the tile) and online softmax of the scores of key tile kb.
     auto softmax_step = [&](int kb, float(&alpha)[2]) {
       const int k0 = kb * BN;
-      if (k0 + BN > S || tiles.cover(kb) == Cover::partial) {
+      if (tiles.masked(kb)) {
         mask_scores<NT, SEG>(sc, p, rows, qid, seg_row,
                              SEG ? tiles.key_segment(kb) : UniformSegment{true, 0}, k0, lane,
                              OnlineSoftmax<NT>::masked(positive_scale));
