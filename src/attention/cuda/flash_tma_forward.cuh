@@ -344,8 +344,16 @@ __device__ __forceinline__ float row_extremum(const float (&s)[NT * 4], int half
   return v[0];
 }
 
+// How far (log2 units) a row's scaled scores may rise above the maximum its exponentials are
+// taken against before that maximum moves: P = exp2(s - max) then stays below 2^8, which the
+// fp32 sums and O and the bf16 P hold as exactly as values below 1 (the same relative rounding),
+// while O's rescale (and its wait in the products' chain) is left for the rare tile whose scores
+// jump that far, instead of every tile in which some row's maximum creeps up.
+inline constexpr float kRescaleSlack = 8.0f;
+
 // Online softmax of one key tile for this thread's two rows, base 2 with the scale folded into
-// the exponent: the new row maxima (of the scaled scores), alpha = the factor O is rescaled by,
+// the exponent: the row maxima the exponentials are taken against (moved only past
+// kRescaleSlack), alpha = the factor O is rescaled by (1 where the maximum stays),
 // P = exp2(s * scale_log2 - max) in place of the scores, and the running row sums. With a
 // positive scale the largest scaled score comes from the largest raw one; with a negative one
 // from the smallest (and masked scores are +inf). The two extremum trees are separate branches
@@ -370,9 +378,11 @@ struct OnlineSoftmax {
     }
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const float mx = fmaxf(row_max[half], quad_max(ext[half] * scale_log2));
+      const float tile_max = quad_max(ext[half] * scale_log2);
+      // -INFINITY + slack stays -INFINITY: a row's first visible scores always set its maximum.
+      const float mx = tile_max > row_max[half] + kRescaleSlack ? tile_max : row_max[half];
       const float offset = mx == -INFINITY ? 0.0f : mx;
-      alpha[half] = fast_exp2(row_max[half] - offset);
+      alpha[half] = mx == row_max[half] ? 1.0f : fast_exp2(row_max[half] - offset);
       row_max[half] = mx;
       float sum = 0.0f;
 #pragma unroll
@@ -388,8 +398,8 @@ struct OnlineSoftmax {
   }
 };
 
-// O *= alpha per row; once the rows' maxima settle (most tiles of long rows) every alpha is 1 and
-// the warp skips the pass.
+// O *= alpha per row; where no row of the warp moved its maximum (most tiles: kRescaleSlack) every
+// alpha is 1 and the warp skips the pass.
 template <int DT>
 __device__ __forceinline__ void rescale(float (&o)[DT * 4], const float (&alpha)[2]) {
   if (!__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) return;
