@@ -709,6 +709,7 @@ struct DefaultRow {
   int64_t max_head_dim;  // the row applies to head dims up to this
   MaskClass mask_class;
   int64_t min_seq_len;  // and to sequences at least this long
+  int64_t max_seq_len;  // and at most this long (0: no bound; a bounded row never fits length 0)
   const char* config;
 };
 
@@ -743,25 +744,29 @@ struct DefaultRow {
 // consumer groups (64x192): in one call beside 64x128, GPT-2 0.182 against 0.190 ms and
 // llama3-1b at S=32768 29.77 against 31.19, and faster at every length from 1024 to 32768 in
 // the crossover (docs/PERF.md, b5); with a window or segment ids it keeps 64x128 (not measured
-// there).
+// there). Up to kShortSeqLen positions the head-dim-64 dense forward is the 64-row plan of one
+// consumer group (three blocks an SM): at Hq=12 and B = 8, 16, 32 it ran 0.050 / 0.097 / 0.193
+// ms at S=1024 against 128x128's 0.054 / 0.103 / 0.196, and 13-17% faster at S=512, while at
+// S=2048 128x128 won by 4-8% (one call, docs/results/tma_rescale_slack/cross/).
 constexpr DefaultRow kDefaults[] = {
-    {"sm80", 256, MaskClass::dense, 0, "fwd=128x64/128 bwd=64x128/256/double"},
-    {"sm80", 256, MaskClass::local, 0, "fwd=64x64/128 bwd=64x64/128/double"},
-    {"sm86", 256, MaskClass::dense, 0, "fwd=64x64/128 bwd=64x64/128/single"},
-    {"sm86", 256, MaskClass::local, 0, "fwd=64x64/128 bwd=64x64/128/single"},
-    {"sm90", 32, MaskClass::dense, 0, "fwd=128x64/128 bwd=64x128/256/double"},
-    {"sm90", 32, MaskClass::local, 0, "fwd=64x64/128 bwd=64x64/128/double"},
-    {"sm90", 64, MaskClass::dense, kLongSeqLen, "fwd=192x128/512/tma/s2/pp bwd=64x192/512/tma"},
-    {"sm90", 64, MaskClass::dense, 0, "fwd=128x128/384/tma/s2/pp bwd=64x192/512/tma"},
-    {"sm90", 128, MaskClass::dense, 0, "fwd=128x128/384/tma/s2/pp bwd=64x128/384/tma"},
-    {"sm90", 256, MaskClass::dense, 0, "fwd=128x80/384/tma/s2/pp bwd=64x64/384/tma"},
-    {"sm90", 64, MaskClass::local, 0, "fwd=64x64/128/wgmma bwd=64x128/384/tma"},
-    {"sm90", 128, MaskClass::local, 0, "fwd=64x64/256/tma bwd=64x128/384/tma"},
-    {"sm90", 256, MaskClass::local, 0, "fwd=128x64/384/tma/s2/pp bwd=64x64/384/tma"},
-    {"sm100", 256, MaskClass::dense, 0, "fwd=128x64/128 bwd=64x128/256/double"},
-    {"sm100", 256, MaskClass::local, 0, "fwd=64x64/128 bwd=64x64/128/double"},
-    {"sm120", 256, MaskClass::dense, 0, "fwd=64x64/128 bwd=64x64/128/single"},
-    {"sm120", 256, MaskClass::local, 0, "fwd=64x64/128 bwd=64x64/128/single"},
+    {"sm80", 256, MaskClass::dense, 0, 0, "fwd=128x64/128 bwd=64x128/256/double"},
+    {"sm80", 256, MaskClass::local, 0, 0, "fwd=64x64/128 bwd=64x64/128/double"},
+    {"sm86", 256, MaskClass::dense, 0, 0, "fwd=64x64/128 bwd=64x64/128/single"},
+    {"sm86", 256, MaskClass::local, 0, 0, "fwd=64x64/128 bwd=64x64/128/single"},
+    {"sm90", 32, MaskClass::dense, 0, 0, "fwd=128x64/128 bwd=64x128/256/double"},
+    {"sm90", 32, MaskClass::local, 0, 0, "fwd=64x64/128 bwd=64x64/128/double"},
+    {"sm90", 64, MaskClass::dense, kLongSeqLen, 0, "fwd=192x128/512/tma/s2/pp bwd=64x192/512/tma"},
+    {"sm90", 64, MaskClass::dense, 0, kShortSeqLen, "fwd=64x64/256/tma bwd=64x192/512/tma"},
+    {"sm90", 64, MaskClass::dense, 0, 0, "fwd=128x128/384/tma/s2/pp bwd=64x192/512/tma"},
+    {"sm90", 128, MaskClass::dense, 0, 0, "fwd=128x128/384/tma/s2/pp bwd=64x128/384/tma"},
+    {"sm90", 256, MaskClass::dense, 0, 0, "fwd=128x80/384/tma/s2/pp bwd=64x64/384/tma"},
+    {"sm90", 64, MaskClass::local, 0, 0, "fwd=64x64/128/wgmma bwd=64x128/384/tma"},
+    {"sm90", 128, MaskClass::local, 0, 0, "fwd=64x64/256/tma bwd=64x128/384/tma"},
+    {"sm90", 256, MaskClass::local, 0, 0, "fwd=128x64/384/tma/s2/pp bwd=64x64/384/tma"},
+    {"sm100", 256, MaskClass::dense, 0, 0, "fwd=128x64/128 bwd=64x128/256/double"},
+    {"sm100", 256, MaskClass::local, 0, 0, "fwd=64x64/128 bwd=64x64/128/double"},
+    {"sm120", 256, MaskClass::dense, 0, 0, "fwd=64x64/128 bwd=64x64/128/single"},
+    {"sm120", 256, MaskClass::local, 0, 0, "fwd=64x64/128 bwd=64x64/128/single"},
 };
 
 // kDefaults' configurations, parsed once: the rows are text so that they read as `--config`
@@ -784,7 +789,8 @@ KernelConfig default_config(const DeviceLimits& device, int64_t head_dim, MaskCl
   for (size_t i = 0; i < std::size(kDefaults); ++i) {
     const DefaultRow& row = kDefaults[i];
     if (family == row.family && head_dim <= row.max_head_dim && mask_class == row.mask_class &&
-        seq_len >= row.min_seq_len) {
+        seq_len >= row.min_seq_len &&
+        (row.max_seq_len == 0 || (seq_len > 0 && seq_len <= row.max_seq_len))) {
       return parsed[i];
     }
   }

@@ -161,9 +161,12 @@ std::vector<std::string> arch_families();
 
 // The configuration the flash kernels use when none is asked for (the per-architecture table in
 // kernel_config.cpp, chosen for sm90 by `flashtrain sweep`; docs/SWEEP.md has the tables).
-// Each row of the default table also names a shortest sequence length: 0 (any), or kLongSeqLen,
-// from which sm90's head-dim-64 dense row is the 192x128 forward (docs/PERF.md, "t9"). seq_len 0
-// (the default argument) picks among the rows for any length.
+// Each row of the default table also names a range of sequence lengths: any (0, 0), up to
+// kShortSeqLen, where sm90's head-dim-64 dense row is the 64-row tma forward of one consumer
+// group (docs/PERF.md, "The rescale slack": at 512 and 1024 positions faster than 128x128 at
+// every batch measured, slower at 2048), or from kLongSeqLen on, where it is the 192x128
+// forward ("t9"). seq_len 0 (the default argument) picks among the rows for any length.
+inline constexpr int64_t kShortSeqLen = 1024;
 inline constexpr int64_t kLongSeqLen = 8192;
 KernelConfig default_config(const DeviceLimits& device, int64_t head_dim,
                             MaskClass mask_class = MaskClass::dense, int64_t seq_len = 0);

@@ -473,19 +473,27 @@ TEST(KernelConfig, DefaultsDependOnTheMaskClass) {
   }
 }
 
-// sm90 at head dim 64 and dense masks: three consumer groups (192x128) from kLongSeqLen on, the
-// 128x128 plan below it (short rows leave too few 192-row work tiles); other head dims and the
+// sm90 at head dim 64 and dense masks: the 64-row plan of one consumer group up to kShortSeqLen,
+// three consumer groups (192x128) from kLongSeqLen on (short rows leave too few 192-row work
+// tiles), the 128x128 plan between them and for a length not given (0); other head dims and the
 // local masks do not look at the length.
 TEST(KernelConfig, Sm90HeadDim64DefaultsDependOnTheSequenceLength) {
   const DeviceLimits sm90 = DeviceLimits::for_arch("sm90");
   Problem p = bf16_problem(64);
+  for (const int64_t short_len : {int64_t{1}, int64_t{513}, kShortSeqLen}) {
+    p.seq_len = short_len;
+    EXPECT_EQ(default_config(sm90, p).str(), "fwd=64x64/256/tma/s2/nopp bwd=64x192/512/tma")
+        << short_len;
+    EXPECT_EQ(can_implement(default_config(sm90, p), p, sm90), "") << short_len;
+  }
+  p.seq_len = kShortSeqLen + 1;
+  EXPECT_EQ(default_config(sm90, p).str(), "fwd=128x128/384/tma/s2/pp bwd=64x192/512/tma");
+  EXPECT_EQ(default_config(sm90, 64, MaskClass::dense), default_config(sm90, p));
   p.seq_len = kLongSeqLen - 1;
   EXPECT_EQ(default_config(sm90, p).str(), "fwd=128x128/384/tma/s2/pp bwd=64x192/512/tma");
   p.seq_len = kLongSeqLen;
   EXPECT_EQ(default_config(sm90, p).str(), "fwd=192x128/512/tma/s2/pp bwd=64x192/512/tma");
   EXPECT_EQ(default_config(sm90, 64, MaskClass::dense, 32768), default_config(sm90, p));
-  EXPECT_EQ(default_config(sm90, 64, MaskClass::dense),
-            default_config(sm90, 64, MaskClass::dense, 1));
   EXPECT_EQ(can_implement(default_config(sm90, p), p, sm90), "");
   p.mask.window = 512;
   EXPECT_EQ(default_config(sm90, p), default_config(sm90, 64, MaskClass::local));
