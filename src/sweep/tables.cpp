@@ -287,7 +287,7 @@ std::string emit_defaults(const SweepHeader& h, const std::vector<SweepRow>& row
        << "\n";
     os << "{\"" << family
        << "\", 256, MaskClass::" << attention::mask_class_name(mask_class_of_key(mask.key))
-       << ", 0, \"" << best->config.str() << "\"},\n";
+       << ", 0, 0, \"" << best->config.str() << "\"},\n";  // any sequence length
   }
   return os.str();
 }

@@ -240,7 +240,7 @@ TEST(SweepResults, FastestCorrectSkipsFailedRows) {
 TEST(SweepResults, EmitDefaultsWritesAKDefaultsRow) {
   const Synthetic s = synthetic();
   const std::string text = emit_defaults(s.header, s.rows);
-  const std::regex row(R"re(\{"sm90", 256, MaskClass::local, 0, "(fwd=\S+ bwd=\S+)"\},)re");
+  const std::regex row(R"re(\{"sm90", 256, MaskClass::local, 0, 0, "(fwd=\S+ bwd=\S+)"\},)re");
   std::smatch m;
   ASSERT_TRUE(std::regex_search(text, m, row)) << text;
   EXPECT_EQ(m[1].str(), "fwd=64x64/128 bwd=64x128/256/double");
