@@ -71,8 +71,10 @@ TEST_F(CudaSweep, SmallShapeEndToEnd) {
   EXPECT_EQ(ref_rows, 2);  // one per mask
   EXPECT_GE(base_rows, 1);
   EXPECT_NE(r.output.find("fastest correct: "), std::string::npos);
-  EXPECT_NE(r.output.find("\", 256, MaskClass::local, 0, \"fwd="), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("\", 256, MaskClass::dense, 0, \"fwd="), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\", 256, MaskClass::local, 0, 0, \"fwd="), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("\", 256, MaskClass::dense, 0, 0, \"fwd="), std::string::npos)
+      << r.output;
 }
 
 TEST_F(CudaSweep, AFaultingWorkerCostsOnlyItsRow) {
