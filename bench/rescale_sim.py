@@ -5,7 +5,7 @@ A consumer warp holds 16 query rows of a work tile; after each key tile's online
 it multiplies its part of O by alpha unless every alpha of the warp is 1, i.e. unless no row's
 maximum moved. A row's maximum moves when the tile's largest scaled score (base 2: the scores
 times scale * log2(e)) exceeds it by more than the slack: 0 before 2026-12-05 (every new
-maximum), kRescaleSlack = 8 in flash_tma_forward.cuh since. Counts, over every warp and key tile
+maximum), kRescaleSlack = 8 (flash_bf16.cuh) since. Counts, over every warp and key tile
 after a row block's first (which sets the maxima), the fraction of steps that rescale, for causal
 masks and q, k drawn from N(0, 1) as bench_attention_gpu draws them. No GPU, one (batch, head)
 pair of the shape per trial.

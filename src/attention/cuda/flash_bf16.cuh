@@ -209,6 +209,22 @@ __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
+
+// Online softmax's maximum, for the tma and wgmma forwards: how far (log2 units) a row's scaled
+// scores may rise above the maximum its exponentials are taken against before that maximum moves.
+// P = exp2(s - max) then stays below 2^8, which the fp32 sums and O and the bf16 P hold with the
+// same relative rounding as values below 1, while O's rescale is left for the rare tile whose
+// scores jump that far instead of every tile in which some row's maximum creeps up (docs/PERF.md,
+// "The rescale slack").
+inline constexpr float kRescaleSlack = 8.0f;
+
+// The maximum a row's exponentials use after a tile whose largest scaled score is `tile_max`:
+// unchanged unless the tile rises more than kRescaleSlack above it. (-INFINITY + the slack stays
+// -INFINITY: a row's first visible scores always set it.)
+__device__ __forceinline__ float moved_max(float row_max, float tile_max) {
+  return tile_max > row_max + kRescaleSlack ? tile_max : row_max;
+}
+
 __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
@@ -368,6 +384,8 @@ __global__ void __launch_bounds__(THREADS) flash_forward_kernel(const FlashParam
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
+        // Every new maximum moves it, and O is rescaled every tile (no kRescaleSlack here: with
+        // the slack and a skipped pass ptxas spilled more in the 255-register head-dim-128 tiles).
         float mx = row_max[mt][half];
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {

@@ -55,6 +55,7 @@ int sm_count();
 namespace tma_detail {
 
 using bf16_detail::fast_exp2;
+using bf16_detail::moved_max;
 using bf16_detail::quad_max;
 using bf16_detail::quad_sum;
 using namespace hopper;
@@ -344,13 +345,6 @@ __device__ __forceinline__ float row_extremum(const float (&s)[NT * 4], int half
   return v[0];
 }
 
-// How far (log2 units) a row's scaled scores may rise above the maximum its exponentials are
-// taken against before that maximum moves: P = exp2(s - max) then stays below 2^8, which the
-// fp32 sums and O and the bf16 P hold as exactly as values below 1 (the same relative rounding),
-// while O's rescale (and its wait in the products' chain) is left for the rare tile whose scores
-// jump that far, instead of every tile in which some row's maximum creeps up.
-inline constexpr float kRescaleSlack = 8.0f;
-
 // Online softmax of one key tile for this thread's two rows, base 2 with the scale folded into
 // the exponent: the row maxima the exponentials are taken against (moved only past
 // kRescaleSlack), alpha = the factor O is rescaled by (1 where the maximum stays),
@@ -379,8 +373,7 @@ struct OnlineSoftmax {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const float tile_max = quad_max(ext[half] * scale_log2);
-      // -INFINITY + slack stays -INFINITY: a row's first visible scores always set its maximum.
-      const float mx = tile_max > row_max[half] + kRescaleSlack ? tile_max : row_max[half];
+      const float mx = moved_max(row_max[half], tile_max);
       const float offset = mx == -INFINITY ? 0.0f : mx;
       alpha[half] = mx == row_max[half] ? 1.0f : fast_exp2(row_max[half] - offset);
       row_max[half] = mx;

@@ -47,6 +47,7 @@ using bf16_detail::cp_async_4;
 using bf16_detail::cp_async_commit;
 using bf16_detail::cp_async_wait;
 using bf16_detail::fast_exp2;
+using bf16_detail::moved_max;
 using bf16_detail::pack_bf16;
 using bf16_detail::quad_max;
 using bf16_detail::quad_sum;
@@ -299,9 +300,9 @@ __global__ void __launch_bounds__(THREADS, (WgmmaForwardTraits<D, BM, BN, THREAD
           ext = fminf(ext, fminf(s[4 * nt + 2 * half], s[4 * nt + 2 * half + 1]));
         }
       }
-      const float mx = fmaxf(row_max[half], quad_max(ext * p.scale_log2));
+      const float mx = moved_max(row_max[half], quad_max(ext * p.scale_log2));
       const float offset = mx == -INFINITY ? 0.0f : mx;
-      alpha[half] = fast_exp2(row_max[half] - offset);
+      alpha[half] = mx == row_max[half] ? 1.0f : fast_exp2(row_max[half] - offset);
       row_max[half] = mx;
       float sum = 0.0f;
 #pragma unroll
@@ -326,7 +327,8 @@ __global__ void __launch_bounds__(THREADS, (WgmmaForwardTraits<D, BM, BN, THREAD
 #pragma unroll
       for (int r = 0; r < 4; ++r) pa[kk][r] = pa_next[kk][r];
     }
-    // Once the rows' maxima settle (most tiles), every alpha is 1 and the warp skips the pass.
+    // Where no row of the warp moved its maximum (most tiles: kRescaleSlack) every alpha is 1 and
+    // the warp skips the pass.
     if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
       for (int dt = 0; dt < DT; ++dt) {
