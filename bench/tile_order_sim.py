@@ -2,7 +2,7 @@
 """How evenly the tma forward's persistent blocks share a problem's work tiles: a simulation.
 
 Builds the work-tile list as attention/tile_order.h does (sections of (head, batch row) pairs
-whose K and V fit in 32 MiB of L2, inside a section the query blocks longest first, the pairs
+whose K and V fit in 16 MiB of L2, inside a section the query blocks longest first, the pairs
 side by side) with each tile's cost in key tiles (plus a fixed cost per work tile, --ramp, in
 the same unit), then the largest block's total against the mean for
   - sections: the kernel's deal (TileOrder::next_tile: each section dealt in rounds of one tile
@@ -20,7 +20,7 @@ No GPU: a model of the schedule only (every key tile costs the same, no clocks, 
 import argparse
 import heapq
 
-L2_BYTES_FOR_KV = 32 << 20  # kL2BytesForKv
+L2_BYTES_FOR_KV = 16 << 20  # kL2BytesForKv
 
 
 def key_tiles(seq_len, block_m, block_n, batch, q_heads, kv_heads, head_dim, causal, window):

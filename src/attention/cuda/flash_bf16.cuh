@@ -232,6 +232,46 @@ __device__ __forceinline__ float quad_sum(float x) {
 
 struct NoSegments {};
 
+// The element-wise mask on a tile that a boundary cuts, for the warpgroup products' accumulator
+// layout (the wgmma and tma forwards): this thread's scores of rows `rows[0]`, `rows[1]` (query
+// positions; -1 or any id for rows past the sequence, whose output is not kept) against keys
+// k0 + nt * 8 + (lane % 4) * 2 + {0, 1}. Causal, window and the segment tests that need no key's
+// id bound a span of keys per row (two compares and a select an element, no branch); only a tile
+// that holds more than one document (or padding) reads its keys' ids, one load an element behind
+// the span test.
+template <int NT, bool SEG>
+__device__ __forceinline__ void mask_tile(float (&s)[NT * 4], const FlashParams& p,
+                                          const int (&rows)[2], const int (&qid)[2],
+                                          const int32_t* seg_row, UniformSegment keys_seg, int k0,
+                                          int lane, float masked) {
+  const int base = k0 + (lane % 4) * 2;  // this thread's first key of the tile
+  VisibleSpan span[2] = {visible_keys(p, rows[0], base), visible_keys(p, rows[1], base)};
+  if (SEG) {
+    span[0] = segment_span(span[0], qid[0], keys_seg);
+    span[1] = segment_span(span[1], qid[1], keys_seg);
+  }
+  if (SEG && !keys_seg.uniform) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int column = nt * 8 + (e % 2);
+        if (!span[e / 2].contains(column) || seg_row[base + column] != qid[e / 2]) {
+          s[4 * nt + e] = masked;
+        }
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (!span[e / 2].contains(nt * 8 + (e % 2))) s[4 * nt + e] = masked;
+    }
+  }
+}
+
 // ---- forward ----
 
 template <int D, int BM, int BN, int THREADS>

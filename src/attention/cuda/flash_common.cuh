@@ -181,6 +181,13 @@ __device__ __forceinline__ UniformSegment uniform_segment(const SegmentChunk* ro
   return {s.lowest == s.highest && !s.has_padding, s.lowest};
 }
 
+// The segment part of a tile's element-wise mask that needs no key's id, folded into a row's span
+// of visible keys: a row that is padding (qid < 0) sees no key, and on a tile whose keys are all
+// of one document (`keys.uniform`) a row of another document sees none of them.
+__device__ __forceinline__ VisibleSpan segment_span(VisibleSpan span, int qid,
+                                                    UniformSegment keys) {
+  return qid < 0 || (keys.uniform && keys.id != qid) ? VisibleSpan{0, 0} : span;
+}
 // The element-wise mask (attention.h allowed()), with the query's segment id already read
 // (qid; pass 0 without segments) and positions past the sequence end hidden.
 __device__ __forceinline__ bool allowed(const FlashParams& p, const int32_t* seg_row, int qid,

@@ -55,6 +55,7 @@ int sm_count();
 namespace tma_detail {
 
 using bf16_detail::fast_exp2;
+using bf16_detail::mask_tile;
 using bf16_detail::moved_max;
 using bf16_detail::quad_max;
 using bf16_detail::quad_sum;
@@ -300,30 +301,6 @@ __device__ __forceinline__ void produce(const TmaForwardArgs& a, const Smem<PLAN
 
 // ---- consumer pieces ----
 
-// The element-wise mask on a tile that a boundary cuts: this thread's scores of rows `rows[0]`,
-// `rows[1]` (query positions) against keys k0 + nt * 8 + (lane % 4) * 2 + {0, 1}.
-template <int NT, bool SEG>
-__device__ __forceinline__ void mask_scores(float (&s)[NT * 4], const FlashParams& p,
-                                            const int (&rows)[2], const int (&qid)[2],
-                                            const int32_t* seg_row, UniformSegment keys_seg, int k0,
-                                            int lane, float masked) {
-  const int base = k0 + (lane % 4) * 2;  // this thread's first key of the tile
-  const VisibleSpan span[2] = {visible_keys(p, rows[0], base), visible_keys(p, rows[1], base)};
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int column = nt * 8 + (e % 2);
-      bool ok = span[e / 2].contains(column);
-      if (SEG) {
-        ok =
-            ok && same_segment(qid[e / 2], keys_seg.uniform ? keys_seg.id : seg_row[base + column]);
-      }
-      if (!ok) s[4 * nt + e] = masked;
-    }
-  }
-}
-
 // The largest (LARGEST) or smallest score of this thread's row `half` (its elements 2 * half and
 // 2 * half + 1 of each 8-column block) as a tree, ceil(log2(NT)) + 1 comparisons deep: a running
 // extremum would chain all 2 * NT of them, and the softmax's row maximum is on the path from a
@@ -544,9 +521,9 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
     auto softmax_step = [&](int kb, float(&alpha)[2]) {
       const int k0 = kb * BN;
       if (tiles.masked(kb)) {
-        mask_scores<NT, SEG>(sc, p, rows, qid, seg_row,
-                             SEG ? tiles.key_segment(kb) : UniformSegment{true, 0}, k0, lane,
-                             OnlineSoftmax<NT>::masked(positive_scale));
+        mask_tile<NT, SEG>(sc, p, rows, qid, seg_row,
+                           SEG ? tiles.key_segment(kb) : UniformSegment{true, 0}, k0, lane,
+                           OnlineSoftmax<NT>::masked(positive_scale));
       }
       softmax.step(sc, p.scale_log2, positive_scale, alpha);
     };

@@ -47,6 +47,7 @@ using bf16_detail::cp_async_4;
 using bf16_detail::cp_async_commit;
 using bf16_detail::cp_async_wait;
 using bf16_detail::fast_exp2;
+using bf16_detail::mask_tile;
 using bf16_detail::moved_max;
 using bf16_detail::pack_bf16;
 using bf16_detail::quad_max;
@@ -177,12 +178,10 @@ __global__ void __launch_bounds__(THREADS, (WgmmaForwardTraits<D, BM, BN, THREAD
   };
   // This thread's rows: row0 and row0 + 8 of the tile.
   const int row0 = group * 64 + warp * 16 + lane / 4;
+  const int rows[2] = {q0 + row0, q0 + row0 + 8};
   int qid[2];
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int i = q0 + row0 + 8 * half;
-    qid[half] = SEG && i < S ? seg_row[i] : 0;
-  }
+  for (int half = 0; half < 2; ++half) qid[half] = SEG && rows[half] < S ? seg_row[rows[half]] : 0;
   float o[DT * 4];
 #pragma unroll
   for (int i = 0; i < DT * 4; ++i) o[i] = 0.0f;
@@ -271,17 +270,7 @@ __global__ void __launch_bounds__(THREADS, (WgmmaForwardTraits<D, BM, BN, THREAD
           keys_seg = uniform_segment(chunk_row, k0, min(k0 + BN, S));
         }
       }
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = q0 + row0 + 8 * (e / 2);
-          const int j = k0 + nt * 8 + (lane % 4) * 2 + (e % 2);
-          bool ok = allowed_position(p, i, j);
-          if (SEG) ok = ok && same_segment(qid[e / 2], keys_seg.uniform ? keys_seg.id : seg_row[j]);
-          if (!ok) s[4 * nt + e] = masked;
-        }
-      }
+      mask_tile<NT, SEG>(s, p, rows, qid, seg_row, keys_seg, k0, lane, masked);
     }
 
     // Online softmax, base 2; O is rescaled once the previous product is in.
