@@ -15,8 +15,8 @@
 # there), PYTHON (default python3), OURS_ARGS / PEER_ARGS (flags for one side only, as shell
 # words). Relative paths are taken from the repository root. Flags given to the script go to
 # both sides: --case (comma list), --batch, --seq-len, --q-heads, --kv-heads, --head-dim,
-# --window, --docs, --dtype, --warmup, --warmup-ms, --iters, --max-sets; --impl and --config
-# differ per side.
+# --window, --docs, --dtype, --dir, --warmup, --warmup-ms, --iters, --max-sets; --impl and
+# --config differ per side.
 # Exits non-zero when either side failed; the table still shows what was measured.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1

@@ -283,19 +283,28 @@ def try_call(attend, s):
             return why + (f" (warnings: {notes})" if notes else "")
 
 
+def directions(args):
+    """The directions timed: --dir fwd, bwd or both (as bench_attention_gpu's --dir)."""
+    return ("fwd", "bwd") if args.dir == "both" else (args.dir,)
+
+
 def measure(attend, sets, args, device, queue):
-    """{"fwd": stats or exception, "bwd": ...} and notes. Backward runs on one retained graph
-    per input set; if retaining fails, on a fresh forward made before each call's start event."""
+    """{"fwd": stats or exception, "bwd": ...} (the directions of --dir) and notes. Backward runs
+    on one retained graph per input set; if retaining fails, on a fresh forward made before each
+    call's start event."""
     n = len(sets)
     results, notes = {}, []
 
     def fwd(i, _):
         s = sets[i % n]
         attend(s["q"], s["k"], s["v"])
-    try:
-        results["fwd"] = time_calls(fwd, args, device, queue)
-    except Exception as e:  # noqa: BLE001
-        results["fwd"] = e
+    if "fwd" in directions(args):
+        try:
+            results["fwd"] = time_calls(fwd, args, device, queue)
+        except Exception as e:  # noqa: BLE001
+            results["fwd"] = e
+    if "bwd" not in directions(args):
+        return results, notes
 
     def grads(i, out, retain=True):
         s = sets[i % n]
@@ -327,7 +336,7 @@ def base_row(case, spec, impl, direction, pairs, args, gpu):
 
 
 def run_impl(case, spec, impl, sets, pairs, doc, args, device, queue, gpu):
-    rows = {d: base_row(case, spec, impl, d, pairs, args, gpu) for d in ("fwd", "bwd")}
+    rows = {d: base_row(case, spec, impl, d, pairs, args, gpu) for d in directions(args)}
     for row in rows.values():
         row["input_sets"] = len(sets)
     notes = []
@@ -356,7 +365,7 @@ def run_impl(case, spec, impl, sets, pairs, doc, args, device, queue, gpu):
         results, more_notes = measure(attend, sets, args, device, queue)
         notes += more_notes
     except Exception as e:  # noqa: BLE001 - a failing backend is a row, not a crash
-        results = {"fwd": e, "bwd": e}
+        results = {d: e for d in rows}
     for d, row in rows.items():
         r = results[d]
         if isinstance(r, Exception):
@@ -426,6 +435,8 @@ def parse_args(argv=None):
     ap.add_argument("--window", type=int, help="sliding window, 0 = none")
     ap.add_argument("--docs", type=int, help="documents per row, 0 = no documents")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    ap.add_argument("--dir", default="both", choices=["fwd", "bwd", "both"],
+                    help="directions to time (default both)")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--warmup-ms", type=float, default=300.0,
                     help="keep warming up until this many milliseconds have passed")
