@@ -68,9 +68,10 @@ struct TileOrder {
   }
 };
 
-// Sections of (head, batch row) pairs whose K and V fit in this much L2 together: a quarter of
-// the H100's and H200's 50 MB, which hold it in two halves, beside the streams of Q and O (at 32
-// MB the hero forward read K and V ~4.7 times from DRAM, cuDNN's once; docs/PERF.md).
+// Sections of (head, batch row) pairs whose K and V fit in this much L2 together: about a third
+// of the H100's and H200's 50 MB, leaving room for the streams of Q and O (with 32 MB the hero
+// forward read K and V ~4.7 times from DRAM, with 16 MB about once, as cuDNN's does; docs/PERF.md,
+// "K and V sections of 16 MB of L2").
 inline constexpr int64_t kL2BytesForKv = int64_t{16} << 20;
 
 // The order of a problem's work tiles of block_m query rows and heads_per_tile query heads (of
