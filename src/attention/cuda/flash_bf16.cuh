@@ -403,19 +403,18 @@ __global__ void __launch_bounds__(THREADS) flash_forward_kernel(const FlashParam
         for (int e = 0; e < 4; ++e) s[mt][nt][e] *= p.scale_log2;
       }
     }
-    // Keys past the end (zero-filled) are masked like the mask's own boundaries.
+    // Keys past the end (zero-filled) are masked like the mask's own boundaries. Each m tile of
+    // S has the warpgroup products' accumulator layout (mask_tile); the scores are already
+    // scaled, so a masked one is -inf whatever the scale's sign.
     if (k0 + BN > S || cover == Cover::partial) {
+      const UniformSegment keys_seg =
+          SEG ? uniform_segment(chunk_row, k0, min(k0 + BN, S)) : UniformSegment{true, 0};
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int i = q0 + warp_row0 + mt * 16 + lane / 4 + 8 * (e / 2);
-            const int j = k0 + nt * 8 + (lane % 4) * 2 + (e % 2);
-            if (!allowed(p, seg_row, qid[mt][e / 2], i, j)) s[mt][nt][e] = -INFINITY;
-          }
-        }
+        const int row = q0 + warp_row0 + mt * 16 + lane / 4;
+        const int rows[2] = {row, row + 8};
+        mask_tile<NT, SEG>(reinterpret_cast<float(&)[NT * 4]>(s[mt]), p, rows, qid[mt], seg_row,
+                           keys_seg, k0, lane, -INFINITY);
       }
     }
 
