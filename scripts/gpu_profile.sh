@@ -61,19 +61,24 @@ if len(rows) < 3 or "Instructions Executed" not in rows[1]:
     sys.exit(0)  # no source page (e.g. a section set without source counters)
 hdr = rows[1]
 ie, src = hdr.index("Instructions Executed"), hdr.index("Source")
-st = hdr.index("Warp Stall Sampling (All Samples)")
+# Without the sampling section (SECTIONS without WarpStateStats / source counters) the page has
+# instruction counts but no stall samples: counts only.
+stall_column = "Warp Stall Sampling (All Samples)"
+st = hdr.index(stall_column) if stall_column in hdr else None
 count, stall = collections.Counter(), collections.Counter()
 for r in rows[2:]:
-    if len(r) <= max(ie, st) or not r[ie].isdigit():
+    if len(r) <= max(ie, st or 0) or not r[ie].isdigit():
         continue
     words = r[src].split()
     op = (words[1] if words[0].startswith("@") else words[0]).split(".")[0]
     count[op] += int(r[ie])
-    stall[op] += int(r[st] or 0)
+    stall[op] += int(r[st] or 0) if st is not None else 0
 total, samples = sum(count.values()), max(1, sum(stall.values()))
-print(f"executed warp instructions {total:,}; by opcode (share, stall-sample share):")
+print(f"executed warp instructions {total:,}; by opcode (share"
+      + (", stall-sample share):" if st is not None else "; no stall samples collected):"))
 for op, n in count.most_common(15):
-    print(f"  {op:12s} {100 * n / total:5.1f}%  {100 * stall[op] / samples:5.1f}%")
+    share = f"  {op:12s} {100 * n / total:5.1f}%"
+    print(share + (f"  {100 * stall[op] / samples:5.1f}%" if st is not None else ""))
 PY
 done
 exit $status
