@@ -233,12 +233,13 @@ __device__ __forceinline__ float quad_sum(float x) {
 struct NoSegments {};
 
 // The element-wise mask on a tile that a boundary cuts, for the warpgroup products' accumulator
-// layout (the wgmma and tma forwards): this thread's scores of rows `rows[0]`, `rows[1]` (query
-// positions; -1 or any id for rows past the sequence, whose output is not kept) against keys
-// k0 + nt * 8 + (lane % 4) * 2 + {0, 1}. Causal, window and the segment tests that need no key's
-// id bound a span of keys per row (two compares and a select an element, no branch); only a tile
-// that holds more than one document (or padding) reads its keys' ids, one load an element behind
-// the span test.
+// layout (the wgmma and tma forwards; the mma.sync forward's 16-row m tiles have it too): this
+// thread's scores of rows `rows[0]`, `rows[1]` (query positions; -1 or any id for rows past the
+// sequence, whose output is not kept) against keys k0 + nt * 8 + (lane % 4) * 2 + {0, 1}.
+// Causal, window and the segment tests that need no key's id bound a span of keys per row (two
+// compares and a select an element, no branch); only a tile that holds more than one document
+// (or padding) reads its keys' ids (below: all at once on 64-key tiles, one behind each span
+// test on 128-key tiles).
 template <int NT, bool SEG>
 __device__ __forceinline__ void mask_tile(float (&s)[NT * 4], const FlashParams& p,
                                           const int (&rows)[2], const int (&qid)[2],
