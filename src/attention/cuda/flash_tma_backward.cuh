@@ -738,18 +738,19 @@ __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const Backward
 }
 
 // Columns [col0, col0 + N) of a [64 keys][BM queries] bf16 tile (one panel) from this thread's
-// accumulator of 64 keys x N queries.
+// accumulator of 64 keys x N queries: one stmatrix per 16 columns, whose four 8x8 matrices are
+// the warp's (rows + 0 | + 8) x (columns + 0 | + 8), as in store_ds_part.
 template <int BM, int N>
 __device__ __forceinline__ void store_key_rows(__nv_bfloat16* tile, const float (&acc)[N / 2],
                                                int key_row, int col0, int lane) {
+  static_assert(N % 16 == 0, "whole 16-column steps");
+  const int row = key_row - lane / 4 + lane % 8 + 8 * ((lane / 8) % 2);
 #pragma unroll
-  for (int nt = 0; nt < N / 8; ++nt) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int col = col0 + nt * 8 + (lane % 4) * 2;
-      *reinterpret_cast<uint32_t*>(tile + panel_offset<BM>(key_row + 8 * half, col)) =
-          pack_bf16(acc[4 * nt + 2 * half], acc[4 * nt + 2 * half + 1]);
-    }
+  for (int j = 0; j < N / 16; ++j) {
+    const uint32_t frag[4] = {
+        pack_bf16(acc[8 * j], acc[8 * j + 1]), pack_bf16(acc[8 * j + 2], acc[8 * j + 3]),
+        pack_bf16(acc[8 * j + 4], acc[8 * j + 5]), pack_bf16(acc[8 * j + 6], acc[8 * j + 7])};
+    stmatrix_x4(smem_addr(tile + panel_offset<BM>(row, col0 + j * 16 + 8 * (lane / 16))), frag);
   }
 }
 
