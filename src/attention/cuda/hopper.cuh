@@ -253,6 +253,17 @@ struct RingPosition {
   }
 };
 
+// Stores four 8x8 bf16 matrices from registers in one instruction: register i of lane t holds
+// row t / 4, columns 2 (t % 4) + {0, 1} of matrix i (the mma fragment layout), and lane t gives
+// the shared address of row t % 8 of matrix t / 8 (16 contiguous bytes, 16-byte aligned).
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
+#ifdef FT_HOPPER_ENABLED
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+#endif
+}
+
 // ---- warpgroup products ----
 
 // Matrix descriptor of a swizzled-panel operand at shared address `addr`: 1024 bytes between
