@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repository root, over binaries built by scripts/build_gpu.sh
 # and carried as build-gpu/carry.tar.xz: Nsight Compute on one launch of a flash kernel inside
-# bench_attention_gpu, and a per-opcode count of the executed instructions and stall samples
-# (the figures docs/PERF.md quotes). Logs and reports under $OUT (default ./gpu-out/profile).
+# bench_attention_gpu, a per-opcode count of the executed instructions and stall samples, and the
+# stall samples at each wait (scripts/ncu_sass_summary.py; the figures docs/PERF.md quotes). Logs
+# and reports under $OUT (default ./gpu-out/profile).
 #
 #   scripts/gpu_profile.sh                                  # wgmma forward and backward, hero causal, B=4
 #   KERNELS=forward CASE=hero-window-docs CONFIG='fwd=64x64/128/wgmma bwd=64x64/128/wgmma' \
@@ -54,31 +55,7 @@ for k in ${KERNELS:-forward backward}; do
   echo "== $tag ($regex)"
   grep -E "Duration|SM Frequency|Pipe Tensor Cycles Active  |Executed Instructions  |Issued Warp Per Scheduler|Registers Per Thread|Achieved Occupancy" \
     "$out/${tag}_details.txt" | awk '!seen[$1 $2 $3]++' | head -12
-  python3 - "$out/${tag}_sass.csv" <<'PY'
-import collections, csv, sys
-rows = list(csv.reader(open(sys.argv[1])))
-if len(rows) < 3 or "Instructions Executed" not in rows[1]:
-    sys.exit(0)  # no source page (e.g. a section set without source counters)
-hdr = rows[1]
-ie, src = hdr.index("Instructions Executed"), hdr.index("Source")
-# Without the sampling section (SECTIONS without WarpStateStats / source counters) the page has
-# instruction counts but no stall samples: counts only.
-stall_column = "Warp Stall Sampling (All Samples)"
-st = hdr.index(stall_column) if stall_column in hdr else None
-count, stall = collections.Counter(), collections.Counter()
-for r in rows[2:]:
-    if len(r) <= max(ie, st or 0) or not r[ie].isdigit():
-        continue
-    words = r[src].split()
-    op = (words[1] if words[0].startswith("@") else words[0]).split(".")[0]
-    count[op] += int(r[ie])
-    stall[op] += int(r[st] or 0) if st is not None else 0
-total, samples = sum(count.values()), max(1, sum(stall.values()))
-print(f"executed warp instructions {total:,}; by opcode (share"
-      + (", stall-sample share):" if st is not None else "; no stall samples collected):"))
-for op, n in count.most_common(15):
-    share = f"  {op:12s} {100 * n / total:5.1f}%"
-    print(share + (f"  {100 * stall[op] / samples:5.1f}%" if st is not None else ""))
-PY
+  # The opcode mix and, with stall samples, the waits by barrier (scripts/ncu_sass_summary.py).
+  python3 scripts/ncu_sass_summary.py "$out/${tag}_sass.csv"
 done
 exit $status
