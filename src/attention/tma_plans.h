@@ -239,9 +239,15 @@ static_assert(tma_plans_distinct(), "a TMA forward plan is listed twice");
 // same 64 keys, each holding its columns of dK, dV and dQ and computing S^T and dP^T for its
 // share of the step's queries; P^T and dS^T meet in shared memory (FlashAttention-3's layout
 // at head dim 256).
+//
+// Steps of 128 queries (two groups of 64 keys; FlashAttention-3's plan at head dim 64): S^T and
+// dP^T are 64 keys x 128 queries a group, and dQ is split by query rows: group g adds rows
+// [64 g, + 64) of the step over all 128 keys, reading both groups' dS^T from shared memory. A
+// step's dQ is then 128 x 64 floats for 128 x 128 pairs (2 bytes a pair) where 64-query steps
+// stage 4, and each product's B operand is twice as wide (fewer shared-memory bytes a FLOP).
 struct TmaBackwardPlan {
   int head_dim = 0;
-  int block_m = 0;  // query rows of a step: 64
+  int block_m = 0;  // query rows of a step: 64, or 128 (two groups, dQ split by rows)
   int block_n = 0;  // keys of a block: 64 per consumer warpgroup, two or three groups
   int stages = 0;   // ring slots of Q, dO, lse and D
   bool compiled_by_default = false;
@@ -254,12 +260,17 @@ struct TmaBackwardPlan {
   // in S^T and dP^T.
   constexpr int group_columns() const { return head_dim / head_parts(); }
   constexpr int group_queries() const { return block_m / head_parts(); }
-  // dQ = dS K: where the head dim splits into one part per consumer (a 64-column panel each at
-  // head dim 128, two panels each at 256), each takes its part over all the block's keys;
-  // otherwise each adds its own keys' part over every column.
+  // dQ = dS K, in parts of 64 query rows: where the step has a 64-row part per consumer (128
+  // queries, two groups), group g takes rows [64 g, + 64) over all the block's keys; where the
+  // head dim splits into one part per consumer (a 64-column panel each at head dim 128, two
+  // panels each at 256), each takes its columns over all the block's keys; otherwise each adds
+  // its own keys' part over every column.
+  constexpr bool dq_splits_rows() const { return block_m > 64; }
   constexpr bool dq_splits_columns() const {
-    return head_parts() > 1 || head_dim == 64 * consumer_groups();
+    return !dq_splits_rows() && (head_parts() > 1 || head_dim == 64 * consumer_groups());
   }
+  // Whether a group's dQ part reads every group's dS^T (and so waits for all of them).
+  constexpr bool dq_reads_all_keys() const { return dq_splits_rows() || dq_splits_columns(); }
   constexpr int dq_columns() const {
     return dq_splits_columns() ? head_dim / consumer_groups() : head_dim;
   }
@@ -272,8 +283,8 @@ struct TmaBackwardPlan {
   constexpr int64_t ds_bytes() const {
     return 2 * int64_t{block_n} * block_m * 2 * (head_parts() > 1 ? 2 : 1);
   }
-  // One consumer's fp32 dQ part.
-  constexpr int64_t dq_tile_bytes() const { return int64_t{block_m} * dq_columns() * 4; }
+  // One consumer's fp32 dQ part (64 query rows).
+  constexpr int64_t dq_tile_bytes() const { return int64_t{64} * dq_columns() * 4; }
   // The mbarriers (K and V; full and empty per ring slot; full and empty per dQ staging tile)
   // and the step records (one per ring slot, one per staging tile), in 128-byte units, counted
   // for two staging tiles per consumer (enough for one).
@@ -307,8 +318,10 @@ struct TmaBackwardPlan {
 
   // A step's lse and D values go into registers before its products are issued (so that their
   // shared-memory loads do not queue behind the products' operand reads) where a consumer has
-  // the registers for them.
-  constexpr bool reads_rows_early() const { return consumer_registers() >= 240; }
+  // the registers for them (not beside the 128-query steps' S^T and dP^T: 128 floats).
+  constexpr bool reads_rows_early() const {
+    return consumer_registers() >= 240 && group_queries() <= 64;
+  }
 
   constexpr bool operator==(const TmaBackwardPlan& o) const {
     return head_dim == o.head_dim && block_m == o.block_m && block_n == o.block_n &&
@@ -317,13 +330,15 @@ struct TmaBackwardPlan {
 };
 
 // {head_dim, block_m, block_n, stages, compiled_by_default}. FlashAttention-3's backward runs
-// 64 query rows against 128 keys (two consumer warpgroups) at head dims 64 and 128; at head dim
-// 64 a third consumer group (192 keys) fits beside them (160 registers each, docs/PERF.md b5).
+// 64 query rows against 128 keys (two consumer warpgroups) at head dim 128 and 128 x 128 at 64;
+// at head dim 64 a third consumer group (192 keys) fits beside 64-query steps (160 registers
+// each, docs/PERF.md b5), and the 128-query plan holds one dQ staging tile per group.
 // At head dim 256 two groups share 64 keys, and shared memory holds one Q/dO slot and one dQ
 // staging tile per group (K and V alone are 64 KB; FlashAttention-3 keeps one slot there too).
 inline constexpr TmaBackwardPlan kTmaBackwardPlans[] = {
     {64, 64, 128, 2, true},
     {64, 64, 192, 2, true},
+    {64, 128, 128, 2, true},
     {128, 64, 128, 2, true},
     {256, 64, 64, 1, true},
 };
@@ -332,7 +347,9 @@ inline constexpr int kTmaBackwardPlanCount =
 
 constexpr const char* tma_backward_plan_defect(const TmaBackwardPlan& p) {
   if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return "head dim 64, 128 or 256";
-  if (p.block_m != 64) return "query tiles of 64 rows";
+  if (p.block_m != 64 && !(p.block_m == 128 && p.head_parts() == 1 && p.block_n == 128)) {
+    return "query tiles of 64 rows (128 with two groups of 64 keys)";
+  }
   if (p.head_parts() == 1 && p.block_n != 128 && p.block_n != 192)
     return "two or three consumer warpgroups (128 or 192 keys)";
   if (p.head_parts() > 1 && p.block_n != 64) return "64 keys where groups split the head dim";

@@ -11,11 +11,12 @@
 //   - two or three consumer warpgroups (the plan's block_n / 64), 64 keys each, whose dK and dV
 //     stay in registers over all steps; at head dim 256 two groups share 64 keys and each holds
 //     half of the head dim's columns (consume_head_part below).
+// A step is 64 query rows, or 128 where two groups split dQ by rows (tma_plans.h).
 // A consumer's step (where the mask hides all of its keys from the step's queries, none of its
-// products; where the groups split dQ's columns, only its columns of dQ over the other group's
-// keys): S^T = K Q^T and dP^T = V dO^T (shared-memory products; P^T is computed while dP^T
-// runs), dS^T = P^T (dP^T - D), dS^T into shared memory (two buffers; where
-// the groups split dQ's columns the other group reads it too), then dQ = dS K from shared memory
+// products; where the groups split dQ's columns or rows, only its part of dQ over the other
+// group's keys): S^T = K Q^T and dP^T = V dO^T (shared-memory products; P^T is computed while
+// dP^T runs), dS^T = P^T (dP^T - D), dS^T into shared memory (two buffers; where the groups split
+// dQ's columns or rows the other group reads it too), then dQ = dS K from shared memory
 // and dV += P^T dO, dK += dS^T Q with the left operand from registers. Its dQ part (64 rows x 64
 // columns, fp32) goes into a staging tile (two per consumer, alternating, guarded by mbarriers)
 // and one thread of the producer warpgroup, the dQ writer, adds it to the fp32 dQ buffer by TMA
@@ -183,9 +184,10 @@ __device__ __forceinline__ void ds_stored(int g, int groups) {
     named_sync(1 + g, 128);
   }
 }
-// The same barrier of both groups where they split dQ's columns at head dim 128 (consume()): a
-// group whose keys the mask hides waits for it on its own path, at another instruction, so the
-// barrier is the unaligned form.
+// The same barrier of both groups where each one's dQ part reads both groups' dS^T (consume(): dQ
+// split by columns at head dim 128, by rows with 128-query steps): a group whose keys the mask
+// hides waits for it on its own path, at another instruction, so the barrier is the unaligned
+// form.
 __device__ __forceinline__ void ds_stored_split() {
   named_sync_unaligned(1, 256);
 }
@@ -380,11 +382,11 @@ __device__ __forceinline__ void pass_turn(int* counter) {
 // ---- dQ writer ----
 
 // Whether consumer g staged nothing for a step: the mask hides its keys or, where the groups split
-// dQ's columns (each part sums over every key of the block), every group's keys.
+// dQ's columns or rows (each part sums over every key of the block), every group's keys.
 template <int PLAN>
 __device__ __forceinline__ bool dq_part_empty(int covers, int g) {
   constexpr TmaBackwardPlan P = kTmaBackwardPlans[PLAN];
-  if constexpr (P.dq_splits_columns()) {
+  if constexpr (P.dq_reads_all_keys()) {
     for (int h = 0; h < P.consumer_groups(); ++h) {
       if (group_cover(covers, h) != Cover::hidden) return false;
     }
@@ -395,7 +397,7 @@ __device__ __forceinline__ bool dq_part_empty(int covers, int g) {
 }
 
 // The counter and turn of consumer g's part of query tile (h, q0) in deterministic mode. With
-// the head dim's columns split between the groups their parts never meet: a counter per group,
+// dQ's columns or rows split between the groups their parts never meet: a counter per group,
 // turns key block by key block; otherwise one counter, turns key block by key block, then group
 // by group.
 template <int PLAN>
@@ -405,7 +407,7 @@ __device__ __forceinline__ int* turn_counter(const FlashParams& p, const KeyBloc
   const int q_tiles = (p.seq_len + P.block_m - 1) / P.block_m;
   const int first_block = key_range(p, q0, min(q0 + P.block_m, p.seq_len)).x / P.block_n;
   const int blocks_before = tile.kv_block - first_block;
-  const bool split = P.dq_splits_columns();
+  const bool split = P.dq_reads_all_keys();
   turn = split ? blocks_before : blocks_before * P.consumer_groups() + g;
   const int64_t q_tile = (int64_t{tile.b} * p.q_heads + h) * q_tiles + q0 / P.block_m;
   return p.dq_semaphore + 2 * q_tile + (split ? g : 0);
@@ -421,8 +423,9 @@ __device__ __forceinline__ void write_dq(const TmaBackwardArgs& a, const Backwar
   constexpr int kGroups = P.consumer_groups();
   const FlashParams& p = a.p;
   const bool deterministic = p.dq_semaphore != nullptr;
-  // Group g's first column: g * column0.
+  // Group g's first column and row of the step's part: g * column0, q0 + g * row0.
   const int column0 = P.dq_splits_columns() ? P.dq_columns() : 0;
+  const int row0 = P.dq_splits_rows() ? 64 : 0;
   const KeyBlockTile tile(p, (p.seq_len + P.block_n - 1) / P.block_n, a.groups);
   tma_prefetch_map(&a.dq);
   RingPosition<P.dq_slots()> ring;
@@ -447,8 +450,8 @@ __device__ __forceinline__ void write_dq(const TmaBackwardArgs& a, const Backwar
       const float* staged = s.dq(ring.slot, g);
 #pragma unroll
       for (int box = 0; box < P.dq_columns() / 32; ++box) {
-        tma_reduce_add(&a.dq, staged + box * 64 * 32, g * column0 + box * 32, info.head, info.q0,
-                       tile.b);
+        tma_reduce_add(&a.dq, staged + box * 64 * 32, g * column0 + box * 32, info.head,
+                       info.q0 + g * row0, tile.b);
       }
       tma_store_commit();
       if (deterministic) pass_turn(counter);
@@ -550,9 +553,9 @@ __device__ __forceinline__ void store_ds_part(__nv_bfloat16* tile, const uint32_
   stmatrix_x4(smem_addr(tile + panel_offset<BN>(row, col)), a);
 }
 
-// dQ (the step's queries x the head dim's 64-column panel `panel`) = dS K over KEYS of the
-// block's BN keys from key0: dS^T (this step's buffer) read as an MN-major A (rows = keys), K
-// MN-major.
+// dQ (64 of the step's queries x the head dim's 64-column panel `panel`) = dS K over KEYS of the
+// block's BN keys from key0: dS^T (this step's buffer, from the queries' panel) read as an
+// MN-major A (rows = keys), K MN-major.
 template <int BN, int KEYS>
 __device__ __forceinline__ void issue_dq(float (&dq)[32], uint64_t ds_step, uint64_t k_desc,
                                          int panel, int key0) {
@@ -571,9 +574,12 @@ __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const Backward
   constexpr int D = P.head_dim, BM = P.block_m, BN = P.block_n, QT = BM / 8, DT = D / 8;
   constexpr int kGroups = P.consumer_groups();
   static_assert(P.head_parts() == 1, "plans that split the head dim run consume_head_part");
-  static_assert(!P.dq_splits_columns() || kGroups == 2, "dQ's columns split between two groups");
-  constexpr bool kDqSplitsColumns = P.dq_splits_columns();
-  constexpr int kDqKeys = kDqSplitsColumns ? BN : 64;
+  static_assert(!P.dq_reads_all_keys() || kGroups == 2, "dQ's columns or rows split in two");
+  static_assert(!P.dq_splits_rows() || BM == 64 * kGroups, "a 64-row dQ part per group");
+  // Whether this group's dQ part reads every group's dS^T (dQ split by columns or rows), or only
+  // its own keys'.
+  constexpr bool kDqAllKeys = P.dq_reads_all_keys();
+  constexpr int kDqKeys = kDqAllKeys ? BN : 64;
   constexpr uint32_t kStageBytes = BM * D * 2;
   constexpr uint32_t kDsBytes = BN * BM * 2;
   const FlashParams& p = a.p;
@@ -588,17 +594,19 @@ __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const Backward
   const int key_base = g * 64;
   const int key_row = key_base + warp * 16 + lane / 4;
   // Descriptors: this group's K and V rows (K-major); the slot-0 Q and dO tiles (K-major for S^T
-  // and dP^T, MN-major for dK and dV); dS^T (buffer 0) and K as the MN-major operands of dQ.
+  // and dP^T, MN-major for dK and dV); dS^T (buffer 0; where dQ splits rows, the panel of this
+  // group's 64 queries) and K as the MN-major operands of dQ.
   const uint64_t k_rows = desc(smem_addr(s.k()) + key_base * kPanelRowBytes, 0);
   const uint64_t v_rows = desc(smem_addr(s.v()) + key_base * kPanelRowBytes, 0);
   const uint64_t q_desc = desc(smem_addr(s.q(0)), 0);
   const uint64_t q_mn = desc(smem_addr(s.q(0)), BM * kPanelRowBytes);
   const uint64_t do_desc = desc(smem_addr(s.dout(0)), 0);
   const uint64_t do_mn = desc(smem_addr(s.dout(0)), BM * kPanelRowBytes);
-  const uint64_t ds_desc = desc(smem_addr(s.ds(0)), 0);
+  const int dq_queries = P.dq_splits_rows() ? g : 0;  // the dS^T panel of this group's part
+  const uint64_t ds_desc = desc(smem_addr(s.ds(0)) + dq_queries * BN * kPanelRowBytes, 0);
   const uint64_t k_desc = desc(smem_addr(s.k()), 0);
-  const int dq_panel = kDqSplitsColumns ? g : 0;  // the head dim's panel of this group's part
-  const int dq_key0 = kDqSplitsColumns ? 0 : key_base;
+  const int dq_panel = P.dq_splits_columns() ? g : 0;  // the head dim's panel of this part
+  const int dq_key0 = kDqAllKeys ? 0 : key_base;
 
   const int32_t* seg_row = SEG ? p.segment_ids + int64_t{b} * S : nullptr;
   const SegmentChunk* chunk_row =
@@ -621,14 +629,14 @@ __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const Backward
     const Cover cover = group_cover(info.covers, g);
     if (cover == Cover::hidden) {
       // The mask hides this group's keys from the step's queries: none of its products, and the
-      // slot is read at once. Where the groups split dQ's columns and the other group's keys are
-      // seen, its rows of dS^T are zeros (the other group's dQ part reads them) and it makes its
-      // columns of dQ over the other group's keys; otherwise it hands the writer an empty record
-      // (the writer skips the part, or in deterministic mode passes its turn).
+      // slot is read at once. Where the groups split dQ's columns or rows and the other group's
+      // keys are seen, its rows of dS^T are zeros (the other group's dQ part reads them) and it
+      // makes its part of dQ over the other group's keys; otherwise it hands the writer an empty
+      // record (the writer skips the part, or in deterministic mode passes its turn).
       mbar_arrive(s.empty(stage));
       ring.advance();
       wait_dq_tile(s, dq_ring, g);
-      const bool dq_part = kDqSplitsColumns && group_cover(info.covers, 1 - g) != Cover::hidden;
+      const bool dq_part = kDqAllKeys && group_cover(info.covers, 1 - g) != Cover::hidden;
       __nv_bfloat16* ds_tile = s.ds(local & 1);
       if (dq_part) {
         const uint32_t zeros[4] = {0u, 0u, 0u, 0u};
@@ -636,10 +644,10 @@ __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const Backward
         for (int kq = 0; kq < BM / 16; ++kq) store_ds_part<BN>(ds_tile, zeros, kq, key_row, lane);
         fence_async_shared();
       }
-      // Where the groups split dQ's columns both pass the dS^T barrier at every step, also one
-      // that hides both (deterministic mode): no group may store a dS^T buffer before the other's
-      // dQ products of two steps before, which read it, are done.
-      if constexpr (kDqSplitsColumns) ds_stored_split();
+      // Where the groups split dQ both pass the dS^T barrier at every step, also one that hides
+      // both (deterministic mode): no group may store a dS^T buffer before the other's dQ
+      // products of two steps before, which read it, are done.
+      if constexpr (kDqAllKeys) ds_stored_split();
       if (dq_part) {
         float dq[32];
         wg_fence();
@@ -689,7 +697,7 @@ __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const Backward
     fence_async_shared();
     // The dS^T that this group's dQ reads is stored. (The other buffer was last read by the dQ
     // products of the step before, which each group finished before it stored this step's dS^T.)
-    if constexpr (kDqSplitsColumns) {
+    if constexpr (kDqAllKeys) {
       ds_stored_split();
     } else {
       ds_stored<false>(g, kGroups);
