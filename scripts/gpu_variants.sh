@@ -8,10 +8,13 @@
 #   scripts/gpu_variants.sh                                 # every variant, the default cases
 #   CASES=hero-causal DIRS=fwd ROUNDS=3 scripts/gpu_variants.sh
 #   ARGS='--config "fwd=128x128/384/tma/s2/pp"' scripts/gpu_variants.sh   # more bench flags
+#   CONFIGS='bwd=64x192/512/tma;bwd=128x128/384/tma' VARIANTS=main scripts/gpu_variants.sh
 #
 # Environment: CASES (comma list, default hero-causal,hero-window-docs,gpt2,llama-long), DIRS
 # (fwd, bwd or both; default both), ROUNDS (default 2), ARGS (more bench_attention_gpu flags, as
-# shell words), VARIANTS (names, default every one), OUT (default gpu-out/variants).
+# shell words), CONFIGS (kernel configurations separated by ';', timed one after another in each
+# run, their order reversed every other round as the variants' is; one row each), VARIANTS
+# (names, default every one), OUT (default gpu-out/variants).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 out="${OUT:-gpu-out}/variants"
@@ -32,10 +35,19 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
     order=()
     for ((i = ${#names[@]} - 1; i >= 0; i--)); do order+=("${names[$i]}"); done
   fi
+  configs=()
+  if [ -n "${CONFIGS:-}" ]; then
+    IFS=';' read -r -a list <<<"$CONFIGS"
+    if [ $((round % 2)) -eq 0 ]; then
+      for ((i = ${#list[@]} - 1; i >= 0; i--)); do configs+=(--config "${list[$i]}"); done
+    else
+      for c in "${list[@]}"; do configs+=(--config "$c"); done
+    fi
+  fi
   for v in "${order[@]}"; do
     echo "round $round: $v ($(cat "build-gpu/variants/$v/GIT_COMMIT"))"
     "build-gpu/variants/$v/bench_attention_gpu" --case "${CASES:-hero-causal,hero-window-docs,gpt2,llama-long}" \
-      --impl flash --dir "${DIRS:-both}" "${extra[@]}" >"$out/$v.round$round.jsonl" 2>"$out/$v.round$round.log" ||
+      --impl flash --dir "${DIRS:-both}" "${configs[@]}" "${extra[@]}" >"$out/$v.round$round.jsonl" 2>"$out/$v.round$round.log" ||
       { echo "  exit $? ($(tail -1 "$out/$v.round$round.log"))"; status=1; }
   done
 done

@@ -240,11 +240,12 @@ TEST(KernelConfig, TmaBackwardPlansAndReasons) {
     } else {
       EXPECT_EQ(backward_smem_bytes(tile, BackwardPath::tma, plan.head_dim), plan.smem_bytes());
     }
-    // K and V, Q, dO, lse and D per stage, two dS^T buffers (and two of P^T where two groups
-    // split the head dim: 256), fp32 dQ staging tiles (two of 64 x 64 per consumer where they
-    // fit, else one; one of 64 x 128 where the head dim is split), barriers and records (256
-    // bytes for two consumers, 384 for three) and the alignment slack.
+    // K and V, Q, dO, lse and D per stage (m query rows), two dS^T buffers (and two of P^T
+    // where two groups split the head dim: 256), fp32 dQ staging tiles (two of 64 x 64 per
+    // consumer where they fit, else one; one of 64 x 128 where the head dim is split), barriers
+    // and records (256 bytes for two consumers, 384 for three) and the alignment slack.
     const int64_t d = plan.head_dim, parts = d > 128 ? 2 : 1, groups = plan.block_n / 64 * parts;
+    const int64_t m = plan.block_m;
     EXPECT_EQ(plan.consumer_groups(), groups);
     const int64_t dq_slots = plan.bytes_with_dq_slots(2) <= kSm90SmemPerBlock ? 2 : 1;
     EXPECT_EQ(plan.dq_slots(), dq_slots);
@@ -252,8 +253,8 @@ TEST(KernelConfig, TmaBackwardPlansAndReasons) {
       EXPECT_EQ(dq_slots, 1);
     }
     const int64_t dq_columns = 64 * parts;
-    EXPECT_EQ(plan.smem_bytes(), 4 * d * plan.block_n + plan.stages * (4 * d * 64 + 8 * 64) +
-                                     4 * plan.block_n * 64 * parts +
+    EXPECT_EQ(plan.smem_bytes(), 4 * d * plan.block_n + plan.stages * (4 * d * m + 8 * m) +
+                                     4 * plan.block_n * m * parts +
                                      dq_slots * groups * 64 * dq_columns * 4 +
                                      (groups == 2 ? 256 : 384) + 1024);
   }
