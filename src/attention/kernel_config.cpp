@@ -740,11 +740,11 @@ struct DefaultRow {
 // 128x128 plan (docs/PERF.md, t6-t9); at long sequences three consumer groups (192x128) hide it
 // better: llama3-1b at S=32768 9.61 ms against 10.15 (cuDNN 9.66 in another call), while short
 // sequences have too few 192-row work tiles to fill 132 multiprocessors (GPT-2, S=1024: 0.071
-// against 0.057 ms); the crossover is docs/PERF.md's "t9". The head-dim-64 backward runs three
-// consumer groups (64x192): in one call beside 64x128, GPT-2 0.182 against 0.190 ms and
-// llama3-1b at S=32768 29.77 against 31.19, and faster at every length from 1024 to 32768 in
-// the crossover (docs/PERF.md, b5); with a window or segment ids it keeps 64x128 (not measured
-// there). Up to kShortSeqLen positions the head-dim-64 dense forward is the 64-row plan of one
+// against 0.057 ms); the crossover is docs/PERF.md's "t9". The head-dim-64 backward takes steps
+// of 128 queries with dQ split by rows (128x128): in one call beside 64x192 and 64x128 (H100,
+// 2026-12-05, docs/PERF.md session 44), GPT-2 0.156 against 0.161 and 0.176 ms, llama3-1b at
+// 4 x 2048 0.492 against 0.596 and 0.651, at S=32768 23.8 against 25.0 and 27.8; with a window
+// or segment ids it keeps 64x128 (not measured there). Up to kShortSeqLen positions the head-dim-64 dense forward is the 64-row plan of one
 // consumer group (three blocks an SM): at Hq=12 and B = 8, 16, 32 it ran 0.050 / 0.097 / 0.193
 // ms at S=1024 against 128x128's 0.054 / 0.103 / 0.196, and 13-17% faster at S=512, while at
 // S=2048 128x128 won by 4-8% (one call, docs/results/tma_rescale_slack/cross/).
@@ -755,9 +755,9 @@ constexpr DefaultRow kDefaults[] = {
     {"sm86", 256, MaskClass::local, 0, 0, "fwd=64x64/128 bwd=64x64/128/single"},
     {"sm90", 32, MaskClass::dense, 0, 0, "fwd=128x64/128 bwd=64x128/256/double"},
     {"sm90", 32, MaskClass::local, 0, 0, "fwd=64x64/128 bwd=64x64/128/double"},
-    {"sm90", 64, MaskClass::dense, kLongSeqLen, 0, "fwd=192x128/512/tma/s2/pp bwd=64x192/512/tma"},
-    {"sm90", 64, MaskClass::dense, 0, kShortSeqLen, "fwd=64x64/256/tma bwd=64x192/512/tma"},
-    {"sm90", 64, MaskClass::dense, 0, 0, "fwd=128x128/384/tma/s2/pp bwd=64x192/512/tma"},
+    {"sm90", 64, MaskClass::dense, kLongSeqLen, 0, "fwd=192x128/512/tma/s2/pp bwd=128x128/384/tma"},
+    {"sm90", 64, MaskClass::dense, 0, kShortSeqLen, "fwd=64x64/256/tma bwd=128x128/384/tma"},
+    {"sm90", 64, MaskClass::dense, 0, 0, "fwd=128x128/384/tma/s2/pp bwd=128x128/384/tma"},
     {"sm90", 128, MaskClass::dense, 0, 0, "fwd=128x128/384/tma/s2/pp bwd=64x128/384/tma"},
     {"sm90", 256, MaskClass::dense, 0, 0, "fwd=128x80/384/tma/s2/pp bwd=64x64/384/tma"},
     {"sm90", 64, MaskClass::local, 0, 0, "fwd=64x64/128/wgmma bwd=64x128/384/tma"},

@@ -445,7 +445,7 @@ TEST(KernelConfig, DefaultsDependOnTheMaskClass) {
   EXPECT_EQ(mask_class_of(p.mask), MaskClass::dense);
   EXPECT_EQ(default_config(sm90, p).str(), "fwd=128x128/384/tma/s2/pp bwd=64x128/384/tma");
   EXPECT_EQ(default_config(sm90, 64, MaskClass::dense).str(),
-            "fwd=128x128/384/tma/s2/pp bwd=64x192/512/tma");
+            "fwd=128x128/384/tma/s2/pp bwd=128x128/384/tma");
   EXPECT_EQ(default_config(sm90, 256, MaskClass::dense).str(),
             "fwd=128x80/384/tma/s2/pp bwd=64x64/384/tma")
       << "head dim 256: the tma paths only";
@@ -483,17 +483,17 @@ TEST(KernelConfig, Sm90HeadDim64DefaultsDependOnTheSequenceLength) {
   Problem p = bf16_problem(64);
   for (const int64_t short_len : {int64_t{1}, int64_t{513}, kShortSeqLen}) {
     p.seq_len = short_len;
-    EXPECT_EQ(default_config(sm90, p).str(), "fwd=64x64/256/tma/s2/nopp bwd=64x192/512/tma")
+    EXPECT_EQ(default_config(sm90, p).str(), "fwd=64x64/256/tma/s2/nopp bwd=128x128/384/tma")
         << short_len;
     EXPECT_EQ(can_implement(default_config(sm90, p), p, sm90), "") << short_len;
   }
   p.seq_len = kShortSeqLen + 1;
-  EXPECT_EQ(default_config(sm90, p).str(), "fwd=128x128/384/tma/s2/pp bwd=64x192/512/tma");
+  EXPECT_EQ(default_config(sm90, p).str(), "fwd=128x128/384/tma/s2/pp bwd=128x128/384/tma");
   EXPECT_EQ(default_config(sm90, 64, MaskClass::dense), default_config(sm90, p));
   p.seq_len = kLongSeqLen - 1;
-  EXPECT_EQ(default_config(sm90, p).str(), "fwd=128x128/384/tma/s2/pp bwd=64x192/512/tma");
+  EXPECT_EQ(default_config(sm90, p).str(), "fwd=128x128/384/tma/s2/pp bwd=128x128/384/tma");
   p.seq_len = kLongSeqLen;
-  EXPECT_EQ(default_config(sm90, p).str(), "fwd=192x128/512/tma/s2/pp bwd=64x192/512/tma");
+  EXPECT_EQ(default_config(sm90, p).str(), "fwd=192x128/512/tma/s2/pp bwd=128x128/384/tma");
   EXPECT_EQ(default_config(sm90, 64, MaskClass::dense, 32768), default_config(sm90, p));
   EXPECT_EQ(can_implement(default_config(sm90, p), p, sm90), "");
   p.mask.window = 512;

@@ -155,7 +155,7 @@ TEST(SweepCandidates, OneAxisAtATimeWithTheBaseFirst) {
   }
   const std::vector<Candidate> bwd = candidates_for("sm90", SweepAxis::backward);
   // The base's path (tma on sm90) has its own backward tiles: its plans' for head dim 128 (the
-  // 64x192 plan is head dim 64's only).
+  // 64x192 and 128x128 plans are head dim 64's only).
   EXPECT_EQ(bwd.size(), attention::sweep_tma_backward_plans(128).size());
   EXPECT_LT(bwd.size(), attention::sweep_backward_tiles(base.backward_path).size());
   for (const Candidate& c : bwd) EXPECT_EQ(c.config.forward, base.forward) << c.config.str();
