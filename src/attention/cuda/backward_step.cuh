@@ -24,14 +24,22 @@ __device__ __forceinline__ void key_segment_ids(const int32_t* seg_row, int k0, 
   }
 }
 
+// What runs between the issue of S^T's and of dP^T's products (issue_score_products): nothing.
+struct NothingBetween {
+  __device__ __forceinline__ void operator()() const {}
+};
+
 // Warpgroup product: S^T = K Q^T, then dP^T = V dO^T, as two commit groups, so that P^T can be
 // computed while dP^T runs. All four operands are K-major panels in shared memory: K and V
 // tiles of BN rows, Q and dO tiles of BM rows, of which the products take QN (from where
 // q_stage and do_stage point: every query of the tile, or a consumer's share of them).
-template <int BM, int BN, int D, int QN = BM>
+// `between` runs after S^T's products are issued and before dP^T's (shared-memory loads there
+// queue behind S^T's operand reads only).
+template <int BM, int BN, int D, int QN = BM, typename Between = NothingBetween>
 __device__ __forceinline__ void issue_score_products(float (&st)[QN / 2], float (&dpt)[QN / 2],
                                                      uint64_t k_rows, uint64_t v_rows,
-                                                     uint64_t q_stage, uint64_t do_stage) {
+                                                     uint64_t q_stage, uint64_t do_stage,
+                                                     Between between = {}) {
   using hopper::advance;
   using hopper::kPanelRowBytes;
   hopper::wg_fence();
@@ -42,6 +50,8 @@ __device__ __forceinline__ void issue_score_products(float (&st)[QN / 2], float 
     hopper::mma_ss<QN, 0, 0>(st, advance(k_rows, key_off), advance(q_stage, query_off), kd > 0);
   }
   hopper::wg_commit();
+  between();
+  hopper::wg_fence();  // keeps what `between` loads ahead of dP^T's products in the schedule
 #pragma unroll
   for (int kd = 0; kd < D / 16; ++kd) {
     const uint32_t key_off = (kd / 4) * BN * kPanelRowBytes + (kd % 4) * 32;
@@ -135,11 +145,17 @@ __device__ __forceinline__ void read_row_values(const StepRows& r, RowValues<BM>
   read_dsum<BM>(r, v);
 }
 
+// When a step reads its lse and D values from shared memory:
+//   early:   both before the products are issued (read_row_values(), registers allowing);
+//   between: lse between S^T's and dP^T's products (issue_score_products' `between`: the loads
+//            wait behind S^T's operand reads only, not dP^T's too) and D once P^T is made,
+//            before the wait for dP^T (in the registers lse leaves free);
+//   late:    lse after the products are issued, D after the wait for dP^T (fewest registers).
+enum class RowReads { early, between, late };
+
 // Softmax step, after issue_score_products: waits for S^T, makes it P^T (probabilities above),
-// waits for dP^T, makes it dS^T = P^T (dP^T - D). ROWS_READ: `rows` holds the row values
-// already (read_row_values()); otherwise lse is read before the first wait and D after the
-// second, which keeps fewer registers live.
-template <int BM, bool SEG, bool LSE_LOG2, bool ROWS_READ>
+// waits for dP^T, makes it dS^T = P^T (dP^T - D), reading the row values as READS says.
+template <int BM, bool SEG, bool LSE_LOG2, RowReads READS>
 __device__ __forceinline__ void probabilities_and_ds(float (&st)[BM / 2], float (&dpt)[BM / 2],
                                                      const FlashParams& p, const StepRows& r,
                                                      RowValues<BM>& rows,
@@ -147,7 +163,7 @@ __device__ __forceinline__ void probabilities_and_ds(float (&st)[BM / 2], float 
                                                      const int32_t* seg_row, const int (&kid)[2]) {
   constexpr int QT = BM / 8;
   const int lane = r.lane;
-  if constexpr (!ROWS_READ) read_lse<BM, LSE_LOG2>(r, rows);
+  if constexpr (READS == RowReads::late) read_lse<BM, LSE_LOG2>(r, rows);
   // Segment ids, where the mask cuts the step: a query tile inside one document (most of them,
   // with packed documents) only decides which of this thread's keys it can see at all, folded
   // into their spans; a tile that a document boundary crosses reads its queries' ids and tests
@@ -181,9 +197,10 @@ __device__ __forceinline__ void probabilities_and_ds(float (&st)[BM / 2], float 
   } else {
     probabilities<BM, false, false>(st, rows.lse2, p, r, seen, qids, kid);
   }
+  if constexpr (READS == RowReads::between) read_dsum<BM>(r, rows);
   hopper::wg_wait<0>();
   hopper::pin(dpt);
-  if constexpr (!ROWS_READ) read_dsum<BM>(r, rows);
+  if constexpr (READS == RowReads::late) read_dsum<BM>(r, rows);
 #pragma unroll
   for (int qt = 0; qt < QT; ++qt) {
 #pragma unroll

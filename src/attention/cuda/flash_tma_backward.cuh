@@ -675,12 +675,15 @@ __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const Backward
     const float* dsum_t = s.dsum(stage);
     const backward_step::StepRows rows{lse_t, dsum_t, q0, k0, key_row, lane, S, partial};
     backward_step::RowValues<BM> values;
-    // Not with segment ids: their masked steps keep more live, and the early values spilled
-    // (ptxas: 412 bytes against 212; window + documents 4.27 -> 5.21 ms, b7 in PERF.md).
-    constexpr bool kEarly = P.reads_rows_early() && !SEG;
-    if constexpr (kEarly) backward_step::read_row_values<BM, true>(rows, values);
-    backward_step::issue_score_products<BM, BN, D>(st, dpt, k_rows, v_rows, q_stage, do_stage);
-    backward_step::probabilities_and_ds<BM, SEG, true, kEarly>(st, dpt, p, rows, values, chunk_row,
+    // Early not with segment ids: their masked steps keep more live, and the early values
+    // spilled (ptxas: 412 bytes against 212; window + documents 4.27 -> 5.21 ms, b7 in PERF.md).
+    using backward_step::RowReads;
+    constexpr RowReads kReads = P.reads_rows_early() && !SEG ? RowReads::early : RowReads::between;
+    if constexpr (kReads == RowReads::early) backward_step::read_row_values<BM, true>(rows, values);
+    backward_step::issue_score_products<BM, BN, D>(st, dpt, k_rows, v_rows, q_stage, do_stage, [&] {
+      if constexpr (kReads == RowReads::between) backward_step::read_lse<BM, true>(rows, values);
+    });
+    backward_step::probabilities_and_ds<BM, SEG, true, kReads>(st, dpt, p, rows, values, chunk_row,
                                                                seg_row, kid);
 
     // P^T and dS^T as register operands; dS^T also into this step's buffer ([key][query], one
@@ -836,12 +839,16 @@ __device__ __forceinline__ void consume_head_part(const TmaBackwardArgs& a,
                                        S,
                                        partial};
     backward_step::RowValues<QN> values;
-    constexpr bool kEarly = P.reads_rows_early() && !SEG;  // as in consume()
-    if constexpr (kEarly) backward_step::read_row_values<QN, true>(rows, values);
-    backward_step::issue_score_products<BM, BN, D, QN>(st, dpt, k_rows, v_rows,
-                                                       advance(q_part, stage * kStageBytes),
-                                                       advance(do_part, stage * kStageBytes));
-    backward_step::probabilities_and_ds<QN, SEG, true, kEarly>(st, dpt, p, rows, values, chunk_row,
+    using backward_step::RowReads;  // as in consume()
+    constexpr RowReads kReads = P.reads_rows_early() && !SEG ? RowReads::early : RowReads::between;
+    if constexpr (kReads == RowReads::early) backward_step::read_row_values<QN, true>(rows, values);
+    backward_step::issue_score_products<BM, BN, D, QN>(
+        st, dpt, k_rows, v_rows, advance(q_part, stage * kStageBytes),
+        advance(do_part, stage * kStageBytes), [&] {
+          if constexpr (kReads == RowReads::between)
+            backward_step::read_lse<QN, true>(rows, values);
+        });
+    backward_step::probabilities_and_ds<QN, SEG, true, kReads>(st, dpt, p, rows, values, chunk_row,
                                                                seg_row, kid);
 
     // This part's query columns of P^T and dS^T into this step's buffers; every part's must be
