@@ -336,11 +336,11 @@ struct TmaBackwardPlan {
 // At head dim 256 two groups share 64 keys, and shared memory holds one Q/dO slot and one dQ
 // staging tile per group (K and V alone are 64 KB; FlashAttention-3 keeps one slot there too).
 inline constexpr TmaBackwardPlan kTmaBackwardPlans[] = {
-    {64, 64, 128, 2, true},
-    {64, 64, 192, 2, true},
-    {64, 128, 128, 2, true},
-    {128, 64, 128, 2, true},
-    {256, 64, 64, 1, true},
+    {64, 64, 128, 2, true},   // each group its own keys' dQ part (windows, documents)
+    {64, 64, 192, 2, true},   // three groups
+    {64, 128, 128, 2, true},  // 128-query steps, dQ split by rows (dense masks)
+    {128, 64, 128, 2, true},  // dQ split by columns
+    {256, 64, 64, 1, true},   // two groups share 64 keys, each half the head dim
 };
 inline constexpr int kTmaBackwardPlanCount =
     static_cast<int>(sizeof(kTmaBackwardPlans) / sizeof(kTmaBackwardPlans[0]));

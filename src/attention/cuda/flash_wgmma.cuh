@@ -516,8 +516,8 @@ __global__ void __launch_bounds__(THREADS, (WgmmaBackwardTraits<D, BM, BN, THREA
     backward_step::issue_score_products<BM, BN, D>(st, dpt, k_rows, v_rows, q_stage, do_stage);
     const backward_step::StepRows rows{lse_t, dsum_t, q0, k0, key_row, lane, S, partial};
     backward_step::RowValues<BM> values;
-    backward_step::probabilities_and_ds<BM, SEG, false, backward_step::RowReads::late>(st, dpt, p, rows, values, chunk_row,
-                                                               seg_row, kid);
+    backward_step::probabilities_and_ds<BM, SEG, false, backward_step::RowReads::late>(
+        st, dpt, p, rows, values, chunk_row, seg_row, kid);
 
     // P^T and dS^T as register operands; dS^T also to shared memory ([key][query], one panel)
     // for dQ.
