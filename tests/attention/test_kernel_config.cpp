@@ -216,6 +216,44 @@ TEST(KernelConfig, TmaReasons) {
   EXPECT_NE(can_implement(c256, d256, sm90).find("head dim 256"), std::string::npos);
 }
 
+// How each tma backward plan splits dQ between its consumer groups, and the rules a plan of
+// 128-query steps must meet (two groups of 64 keys, the head dim whole).
+TEST(KernelConfig, TmaBackwardDqSplits) {
+  const TmaBackwardPlan own{64, 64, 192, 2, false};    // each group its own keys' part
+  const TmaBackwardPlan cols{128, 64, 128, 2, false};  // each group a 64-column panel
+  const TmaBackwardPlan rows{64, 128, 128, 2, false};  // each group 64 of the 128 query rows
+  const TmaBackwardPlan parts{256, 64, 64, 1, false};  // the head dim split, dQ with it
+  EXPECT_FALSE(own.dq_reads_all_keys());
+  EXPECT_EQ(own.dq_columns(), 64);
+  EXPECT_TRUE(cols.dq_splits_columns());
+  EXPECT_FALSE(cols.dq_splits_rows());
+  EXPECT_EQ(cols.dq_columns(), 64);
+  EXPECT_TRUE(rows.dq_splits_rows());
+  EXPECT_FALSE(rows.dq_splits_columns());
+  EXPECT_TRUE(rows.dq_reads_all_keys());
+  EXPECT_EQ(rows.dq_columns(), 64);
+  EXPECT_EQ(rows.group_queries(), 128);
+  EXPECT_TRUE(parts.dq_splits_columns());
+  EXPECT_EQ(parts.dq_columns(), 128);
+  // Every staging tile holds 64 query rows; the 128-query plan has room for one a group, and
+  // reads lse and D inside its step (S^T and dP^T take 128 of its 240 registers).
+  for (const TmaBackwardPlan& p : {own, cols, rows, parts}) {
+    EXPECT_EQ(p.dq_tile_bytes(), 64 * p.dq_columns() * 4);
+  }
+  EXPECT_EQ(rows.dq_slots(), 1);
+  EXPECT_EQ(rows.consumer_registers(), 240);
+  EXPECT_FALSE(rows.reads_rows_early());
+  EXPECT_TRUE(cols.reads_rows_early());
+  EXPECT_EQ(tma_backward_plan_defect(rows), nullptr);
+  // 128-query steps need two groups of 64 keys and the whole head dim in each.
+  const char* three = tma_backward_plan_defect({64, 128, 192, 2, false});
+  ASSERT_NE(three, nullptr);
+  EXPECT_NE(std::string(three).find("query tiles of 64 rows (128 with two groups"),
+            std::string::npos);
+  EXPECT_NE(tma_backward_plan_defect({256, 128, 64, 1, false}), nullptr);
+  EXPECT_NE(tma_backward_plan_defect({64, 96, 128, 2, false}), nullptr);
+}
+
 // The tma backward: its text, shared memory from its plan, and can_implement at each rule.
 TEST(KernelConfig, TmaBackwardPlansAndReasons) {
   const KernelConfig c = KernelConfig::parse("fwd=128x128/384/tma/s2/pp bwd=64x128/384/tma");
