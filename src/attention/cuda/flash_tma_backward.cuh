@@ -42,6 +42,7 @@
 #include "attention/cuda/backward_step.cuh"
 #include "attention/cuda/flash_bf16.cuh"
 #include "attention/cuda/hopper.cuh"
+#include "attention/fragment_layout.h"
 #include "attention/tma_plans.h"
 
 namespace ft::attention::cuda {
@@ -541,16 +542,15 @@ __device__ __forceinline__ void finish_dq_records(const BackwardSmem<PLAN>& s,
 }
 
 // The warp's query columns [16 kq, + 16) of dS^T (a register operand: acc_to_a's layout, this
-// thread's rows key_row and key_row + 8) into a step's dS^T buffer ([BN keys][64 queries], one
-// panel), as one stmatrix: its four 8x8 matrices are the fragment's (rows + 0 | + 8) x (columns
-// + 0 | + 8), in acc_to_a's register order, so lane t addresses row t % 8 of matrix t / 8. (Four
-// 32-bit stores a thread before: 16 a step.)
+// thread's rows key_row and key_row + 8) into a step's dS^T buffer ([BN keys][BM queries]), as
+// one stmatrix (fragment_layout.h: the row each lane addresses). (Four 32-bit stores a thread
+// before: 16 a step.)
 template <int BN>
 __device__ __forceinline__ void store_ds_part(__nv_bfloat16* tile, const uint32_t (&a)[4], int kq,
                                               int key_row, int lane) {
-  const int row = key_row - lane / 4 + lane % 8 + 8 * ((lane / 8) % 2);
-  const int col = kq * 16 + 8 * (lane / 16);
-  stmatrix_x4(smem_addr(tile + panel_offset<BN>(row, col)), a);
+  const FragmentRow at = stmatrix_x4_row(lane);
+  const int row = key_row - lane / 4 + at.row;  // the warp's first row, then the lane's
+  stmatrix_x4(smem_addr(tile + panel_offset<BN>(row, kq * 16 + at.col)), a);
 }
 
 // dQ (64 of the step's queries x the head dim's 64-column panel `panel`) = dS K over KEYS of the
@@ -749,19 +749,19 @@ __device__ __forceinline__ void consume(const TmaBackwardArgs& a, const Backward
 }
 
 // Columns [col0, col0 + N) of a [64 keys][BM queries] bf16 tile (one panel) from this thread's
-// accumulator of 64 keys x N queries: one stmatrix per 16 columns, whose four 8x8 matrices are
-// the warp's (rows + 0 | + 8) x (columns + 0 | + 8), as in store_ds_part.
+// accumulator of 64 keys x N queries: one stmatrix per 16 columns, as in store_ds_part.
 template <int BM, int N>
 __device__ __forceinline__ void store_key_rows(__nv_bfloat16* tile, const float (&acc)[N / 2],
                                                int key_row, int col0, int lane) {
   static_assert(N % 16 == 0, "whole 16-column steps");
-  const int row = key_row - lane / 4 + lane % 8 + 8 * ((lane / 8) % 2);
+  const FragmentRow at = stmatrix_x4_row(lane);
+  const int row = key_row - lane / 4 + at.row;
 #pragma unroll
   for (int j = 0; j < N / 16; ++j) {
     const uint32_t frag[4] = {
         pack_bf16(acc[8 * j], acc[8 * j + 1]), pack_bf16(acc[8 * j + 2], acc[8 * j + 3]),
         pack_bf16(acc[8 * j + 4], acc[8 * j + 5]), pack_bf16(acc[8 * j + 6], acc[8 * j + 7])};
-    stmatrix_x4(smem_addr(tile + panel_offset<BM>(row, col0 + j * 16 + 8 * (lane / 16))), frag);
+    stmatrix_x4(smem_addr(tile + panel_offset<BM>(row, col0 + j * 16 + at.col)), frag);
   }
 }
 
