@@ -18,7 +18,7 @@
 // dP^T runs), dS^T = P^T (dP^T - D), dS^T into shared memory (two buffers; where the groups split
 // dQ's columns or rows the other group reads it too), then dQ = dS K from shared memory
 // and dV += P^T dO, dK += dS^T Q with the left operand from registers. Its dQ part (64 rows x 64
-// columns, fp32) goes into a staging tile (two per consumer, alternating, guarded by mbarriers)
+// columns, fp32) goes into a staging tile (two per consumer where they fit, alternating; mbarriers)
 // and one thread of the producer warpgroup, the dQ writer, adds it to the fp32 dQ buffer by TMA
 // reductions: no consumer thread waits on global memory. At the end a group's dK and dV leave
 // the same way, through its staging tiles and TMA stores.
