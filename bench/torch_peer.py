@@ -11,6 +11,9 @@ and with sdpa the attention kernels of one more, profiled, step (which backend S
 regions are record_function ranges around the model's calls; a backward op goes to the row of
 the forward op that made its autograd node (the profiler's sequence numbers link the two);
 what neither names goes by the name patterns of NAME_PATTERNS, or to "other (unattributed)".
+A region's own GPU-side annotation, which the profiler links to the range itself, is not counted
+(it spans the kernels its ops launched); should the rows still add up to more than the step, a
+line on stderr says that the profiler linked some kernels twice.
 FLOP rows get their work from the shapes (flashtrain's counts); byte rows are left blank (the
 peer's ops move other amounts than ours). Times are kernel times, so the gaps between kernels
 are in "other"; flashtrain's rows are stream time between marks, gaps included. With --compile
@@ -25,6 +28,7 @@ import contextlib
 import json
 import math
 import statistics
+import sys
 import time
 
 import torch
@@ -405,6 +409,10 @@ def attribute(events, on_gpu):
     rows = {}
     for e in cpu:
         if on_gpu:
+            # A labelled range launches nothing itself: what the profiler links to it (its
+            # GPU-side annotation, which spans the range's kernels) would count them twice.
+            if e.name in ROWS:
+                continue
             for k in e.kernels:
                 row = row_of(e) or by_pattern(k.name)
                 if row is not None:
@@ -466,6 +474,12 @@ def profile_step(train_step, args, step, synchronize):
             row["floor_per_s"] = rate
             row["floor_ms"] = 1000.0 * work / rate if work else None
         rows.append(row)
+    if attributed > step_ms * 1.001:
+        # Kernel times are disjoint on one stream: more than the step means the profiler linked
+        # some kernels to two ops. Say so rather than print a table that adds up to more.
+        print(f"torch_peer: the attributed kernel time ({attributed:.3f} ms) exceeds the step "
+              f"({step_ms:.3f} ms): the profiler linked some kernels twice; the rows overcount",
+              file=sys.stderr)
     other = max(0.0, step_ms - attributed)
     rows.append({"region": "other (unattributed)", "calls": 0, "ms": other,
                  "percent": 100.0 * other / step_ms})
