@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""The open performance issues' bars against one call's measurements: each bar, our figure, the
+peer's, the ratio and whether the bar is met.
+
+Reads what bench/attention_gpu.sh writes (attention_flashtrain.jsonl and attention_pytorch.jsonl:
+issue 14's forward and issue 16's backward bars, ours against cuDNN through SDPA or FlexAttention)
+and what bench/gpu_train.sh writes (ft_NAME.log and torch_NAME.json: issue 17's training steps
+against torch.compile, tok/s and peak memory), from any of the directories given, and names the
+GPU: the bars are defined on the H200, and a figure from another card says so.
+
+  python3 bench/bars.py gpu-out/attn gpu-out/train32k gpu-out/train
+  python3 bench/bars.py --json docs/results/session44/call3_h100
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import sys
+
+# (issue, case, direction, peer impl, at least this many times faster than the peer).
+ATTENTION_BARS = [
+    (14, "hero-causal", "fwd", "sdpa-cudnn", 1.05),
+    (14, "gpt2", "fwd", "sdpa-cudnn", 1.0),
+    (14, "hero-window-docs", "fwd", "flex", 1.5),
+    (14, "llama-long", "fwd", "sdpa-cudnn", 1.0),
+    (14, "hero-d256", "fwd", "sdpa-cudnn", 1.0),
+    (16, "hero-causal", "bwd", "sdpa-cudnn", 1.05),
+    (16, "gpt2", "bwd", "sdpa-cudnn", 1.0),
+    (16, "hero-window-docs", "bwd", "flex", 1.5),
+    (16, "llama-long", "bwd", "sdpa-cudnn", 1.0),
+]
+# (issue, bench/gpu_train.sh row, tok/s at least this many times torch.compile's, peak memory:
+# "at most" torch.compile's or strictly "less than" it).
+TRAIN_BARS = [
+    (17, "gpt2_bf16_b16_compile", 1.1, "at most"),
+    (17, "llama1b_bf16_compile", 1.1, "at most"),
+    (17, "llama1b_32k_compile", 1.1, "less than"),
+]
+
+
+def read_jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip().startswith("{")]
+
+
+def attention_rows(dirs):
+    """{(case, dir): ms} of ours (the first flash configuration: the default, not deterministic,
+    not packed) and {(case, dir, impl): ms} of the peers, with the GPU names seen."""
+    ours, peers, gpus = {}, {}, set()
+    for d in dirs:
+        for path in glob.glob(os.path.join(d, "attention_flashtrain.jsonl")):
+            for r in read_jsonl(path):
+                if r.get("meta"):
+                    gpus.add(r.get("gpu", "?"))
+                    continue
+                if (r.get("impl") == "flash" and not r.get("deterministic")
+                        and not str(r.get("config", "")).endswith(" packed")):
+                    ours.setdefault((r["case"], r["dir"]), r["median_ms"])
+        for path in glob.glob(os.path.join(d, "attention_pytorch.jsonl")):
+            for r in read_jsonl(path):
+                if r.get("meta"):
+                    gpus.add(r.get("gpu", "?"))
+                elif r.get("median_ms") is not None:
+                    peers[(r["case"], r["dir"], r["impl"])] = r["median_ms"]
+    return ours, peers, gpus
+
+
+_STEPS = re.compile(r"^steps .*\| ([0-9.]+) tok/s")
+_PEAK = re.compile(r"peak used ([0-9.]+) MB over the run, ([0-9.]+) MB over the timed steps")
+
+
+def train_rows(dirs):
+    """{row: (ours tok/s, ours timed peak MB, peer tok/s, peer timed peak MB, GPU)}."""
+    out = {}
+    for d in dirs:
+        for log in glob.glob(os.path.join(d, "ft_*.log")):
+            name = os.path.basename(log)[3:-4]
+            peer_path = os.path.join(d, f"torch_{name}.json")
+            tok = peak = None
+            with open(log) as f:
+                for line in f:
+                    if (m := _STEPS.match(line)):
+                        tok = float(m.group(1))
+                    if (m := _PEAK.search(line)):
+                        peak = float(m.group(2))
+            peer = None
+            if os.path.exists(peer_path):
+                peer = next((r for r in read_jsonl(peer_path) if "tok_per_s" in r), None)
+            if tok is None or peer is None:
+                continue
+            peer_peak = peer.get("timed_peak_allocated_mb", peer.get("peak_allocated_mb"))
+            out[name] = (tok, peak, float(peer["tok_per_s"]), peer_peak, peer.get("gpu", "?"))
+    return out
+
+
+def verdicts(dirs):
+    ours, peers, gpus = attention_rows(dirs)
+    rows = []
+    for issue, case, direction, impl, bar in ATTENTION_BARS:
+        mine, theirs = ours.get((case, direction)), peers.get((case, direction, impl))
+        if mine is None or theirs is None:
+            continue
+        ratio = theirs / mine
+        rows.append({"issue": issue, "bar": f"{case} {direction} >= {bar:g}x {impl}",
+                     "ours": f"{mine:.3f} ms", "peer": f"{theirs:.3f} ms", "ratio": ratio,
+                     "met": ratio >= bar})
+    steps = train_rows(dirs)
+    for issue, name, speed, memory in TRAIN_BARS:
+        if name not in steps:
+            continue
+        tok, peak, peer_tok, peer_peak, gpu = steps[name]
+        gpus.add(gpu)
+        ratio = tok / peer_tok
+        memory_met = peak is not None and peer_peak is not None and (
+            peak <= peer_peak if memory == "at most" else peak < peer_peak)
+        rows.append({"issue": issue,
+                     "bar": f"{name} >= {speed:g}x torch.compile tok/s, peak {memory} its",
+                     "ours": f"{tok:,.0f} tok/s, {peak:,.0f} MB" if peak else f"{tok:,.0f} tok/s",
+                     "peer": f"{peer_tok:,.0f} tok/s, {peer_peak:,.0f} MB",
+                     "ratio": ratio, "met": ratio >= speed and memory_met})
+    return rows, sorted(gpus)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("dirs", nargs="+", help="directories with the benches' outputs")
+    ap.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    args = ap.parse_args()
+    missing = [d for d in args.dirs if not os.path.isdir(d)]
+    if missing:
+        sys.exit(f"bars: not a directory: {', '.join(missing)}")
+    rows, gpus = verdicts(args.dirs)
+    if not rows:
+        sys.exit("bars: no bench output found (attention_*.jsonl, ft_*.log with torch_*.json)")
+    if args.json:
+        print(json.dumps({"gpus": gpus, "bars": rows}))
+        return
+    print(f"GPU: {', '.join(gpus)}" + ("" if all("H200" in g for g in gpus) else
+                                      " (the bars are defined on the H200)"))
+    print("| issue | bar | ours | peer | ratio | met |")
+    print("|---|---|---|---|---:|---|")
+    for r in rows:
+        print(f"| {r['issue']} | {r['bar']} | {r['ours']} | {r['peer']} | {r['ratio']:.3f}x | "
+              f"{'yes' if r['met'] else '**no**'} |")
+
+
+if __name__ == "__main__":
+    main()
