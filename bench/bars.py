@@ -18,6 +18,9 @@ import os
 import re
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from attention_table import read_rows  # noqa: E402  (the benches' JSON-lines reader)
+
 # (issue, case, direction, peer impl, at least this many times faster than the peer).
 ATTENTION_BARS = [
     (14, "hero-causal", "fwd", "sdpa-cudnn", 1.05),
@@ -39,30 +42,21 @@ TRAIN_BARS = [
 ]
 
 
-def read_jsonl(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip().startswith("{")]
-
-
 def attention_rows(dirs):
     """{(case, dir): ms} of ours (the first flash configuration: the default, not deterministic,
     not packed) and {(case, dir, impl): ms} of the peers, with the GPU names seen."""
     ours, peers, gpus = {}, {}, set()
     for d in dirs:
-        for path in glob.glob(os.path.join(d, "attention_flashtrain.jsonl")):
-            for r in read_jsonl(path):
-                if r.get("meta"):
-                    gpus.add(r.get("gpu", "?"))
-                    continue
-                if (r.get("impl") == "flash" and not r.get("deterministic")
-                        and not str(r.get("config", "")).endswith(" packed")):
-                    ours.setdefault((r["case"], r["dir"]), r["median_ms"])
-        for path in glob.glob(os.path.join(d, "attention_pytorch.jsonl")):
-            for r in read_jsonl(path):
-                if r.get("meta"):
-                    gpus.add(r.get("gpu", "?"))
-                elif r.get("median_ms") is not None:
-                    peers[(r["case"], r["dir"], r["impl"])] = r["median_ms"]
+        rows, metas = read_rows(glob.glob(os.path.join(d, "attention_flashtrain.jsonl")))
+        for r in rows:
+            if (r.get("impl") == "flash" and not r.get("deterministic")
+                    and not str(r.get("config", "")).endswith(" packed")):
+                ours.setdefault((r["case"], r["dir"]), r["median_ms"])
+        peer_rows, peer_metas = read_rows(glob.glob(os.path.join(d, "attention_pytorch.jsonl")))
+        for r in peer_rows:
+            if r.get("median_ms") is not None:
+                peers[(r["case"], r["dir"], r["impl"])] = r["median_ms"]
+        gpus.update(m.get("gpu", "?") for m in metas + peer_metas)
     return ours, peers, gpus
 
 
@@ -86,7 +80,7 @@ def train_rows(dirs):
                         peak = float(m.group(2))
             peer = None
             if os.path.exists(peer_path):
-                peer = next((r for r in read_jsonl(peer_path) if "tok_per_s" in r), None)
+                peer = next((r for r in read_rows([peer_path])[0] if "tok_per_s" in r), None)
             if tok is None or peer is None:
                 continue
             peer_peak = peer.get("timed_peak_allocated_mb", peer.get("peak_allocated_mb"))

@@ -744,7 +744,8 @@ struct DefaultRow {
 // of 128 queries with dQ split by rows (128x128): in one call beside 64x192 and 64x128 (H100,
 // 2026-12-05, docs/PERF.md session 44), GPT-2 0.156 against 0.161 and 0.176 ms, llama3-1b at
 // 4 x 2048 0.492 against 0.596 and 0.651, at S=32768 23.8 against 25.0 and 27.8; with a window
-// or segment ids it keeps 64x128 (not measured there). Up to kShortSeqLen positions the head-dim-64
+// or segment ids it keeps 64x128 (GPT-2's shape, window 256 and 4 documents: 0.127 against
+// 128x128's 0.160, same session). Up to kShortSeqLen positions the head-dim-64
 // dense forward is the 64-row plan of one consumer group (three blocks an SM): at Hq=12 and B = 8,
 // 16, 32 it ran 0.050 / 0.097 / 0.193 ms at S=1024 against 128x128's 0.054 / 0.103 / 0.196, and
 // 13-17% faster at S=512, while at S=2048 128x128 won by 4-8% (one call,
