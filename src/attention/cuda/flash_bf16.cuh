@@ -530,10 +530,8 @@ void launch_forward(const FlashParams& p, cudaStream_t stream) {
   constexpr int kSmem = ForwardTraits<D, BM, BN, THREADS>::kSmemBytes;
   auto kernel = p.segment_ids != nullptr ? flash_forward_kernel<D, BM, BN, THREADS, true>
                                          : flash_forward_kernel<D, BM, BN, THREADS, false>;
-  FT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const dim3 grid((p.seq_len + BM - 1) / BM, p.q_heads, p.batch);
-  kernel<<<grid, THREADS, kSmem, stream>>>(p);
-  FT_CUDA_CHECK(cudaGetLastError());
+  launch_with_smem(kernel, grid, THREADS, kSmem, stream, p);
 }
 
 // ---- backward ----
@@ -837,10 +835,8 @@ void launch_backward(const FlashParams& p, cudaStream_t stream) {
   constexpr int kSmem = BackwardTraits<D, BM, BN, THREADS, DOUBLE>::kSmemBytes;
   auto kernel = p.segment_ids != nullptr ? flash_backward_kernel<D, BM, BN, THREADS, DOUBLE, true>
                                          : flash_backward_kernel<D, BM, BN, THREADS, DOUBLE, false>;
-  FT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const dim3 grid((p.seq_len + BN - 1) / BN, p.kv_heads, p.batch);
-  kernel<<<grid, THREADS, kSmem, stream>>>(p);
-  FT_CUDA_CHECK(cudaGetLastError());
+  launch_with_smem(kernel, grid, THREADS, kSmem, stream, p);
 }
 
 }  // namespace bf16_detail

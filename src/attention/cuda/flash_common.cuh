@@ -11,6 +11,8 @@
 
 #include <cstdint>
 
+#include "core/cuda/check.h"
+
 namespace ft::attention::cuda {
 
 inline constexpr int kSegmentChunk = 16;
@@ -197,6 +199,16 @@ __device__ __forceinline__ bool allowed(const FlashParams& p, const int32_t* seg
   if (p.window > 0 && j < i - (p.window - 1)) return false;
   if (seg_row != nullptr && (qid < 0 || seg_row[j] != qid)) return false;
   return true;
+}
+
+// Launches `kernel` on `stream` with `smem` bytes of dynamic shared memory (the opt-in past the
+// default 48 KB is set on each call: it is per device, and cheap) and checks the launch.
+template <typename Kernel, typename Args>
+void launch_with_smem(Kernel kernel, dim3 grid, int threads, int smem, cudaStream_t stream,
+                      const Args& args) {
+  FT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  kernel<<<grid, threads, smem, stream>>>(args);
+  FT_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace ft::attention::cuda

@@ -676,11 +676,7 @@ void launch(Kernel kernel, dim3 grid, int smem_floats, const FlashParams& p, cud
   FT_CHECK(bytes <= optin, "flash fp32: head dim ", p.head_dim, " needs ", bytes,
            " bytes of shared memory per block, the device offers ", optin,
            " (the fp32 tiles are sized for sm_90's ", kMaxSmemBytes, ")");
-  // Above the 48 KB default every kernel here needs the opt-in; set it each call (it is per
-  // device, and cheap).
-  FT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  kernel<<<grid, kThreads, bytes, stream>>>(p);
-  FT_CUDA_CHECK_LAUNCH();
+  launch_with_smem(kernel, grid, kThreads, bytes, stream, p);
 }
 
 template <int kHeadDimMax>

@@ -977,13 +977,10 @@ void launch_tma_backward(const FlashParams& p, cudaStream_t stream) {
   a.groups = pair_groups(p, (p.seq_len + P.block_n - 1) / P.block_n);
   auto kernel =
       p.segment_ids != nullptr ? tma_backward_kernel<PLAN, true> : tma_backward_kernel<PLAN, false>;
-  FT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(P.smem_bytes())));
   // One block per (key block, kv head, batch row), in KeyBlockTile's order.
   const int key_blocks = (p.seq_len + P.block_n - 1) / P.block_n;
   const dim3 grid(key_blocks * p.kv_heads * p.batch);
-  kernel<<<grid, P.threads(), P.smem_bytes(), stream>>>(a);
-  FT_CUDA_CHECK(cudaGetLastError());
+  launch_with_smem(kernel, grid, P.threads(), static_cast<int>(P.smem_bytes()), stream, a);
 }
 
 }  // namespace tma_bwd_detail

@@ -655,8 +655,6 @@ void launch_tma_forward(const FlashParams& p, cudaStream_t stream) {
                             P.block_m, P.heads);
   auto kernel =
       p.segment_ids != nullptr ? tma_forward_kernel<PLAN, true> : tma_forward_kernel<PLAN, false>;
-  FT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(P.smem_bytes())));
   if constexpr (P.blocks_per_sm() > 1) {
     // All of the SM's shared memory for the blocks (the driver may otherwise keep part of it as
     // L1 and fit fewer of them).
@@ -665,8 +663,7 @@ void launch_tma_forward(const FlashParams& p, cudaStream_t stream) {
   }
   // Persistent: blocks_per_sm() blocks on every SM.
   const int grid = std::min(a.order.count(), sm_count() * P.blocks_per_sm());
-  kernel<<<grid, P.threads(), P.smem_bytes(), stream>>>(a);
-  FT_CUDA_CHECK(cudaGetLastError());
+  launch_with_smem(kernel, grid, P.threads(), static_cast<int>(P.smem_bytes()), stream, a);
 }
 
 }  // namespace tma_detail

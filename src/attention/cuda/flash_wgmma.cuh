@@ -381,10 +381,8 @@ void launch_forward(const FlashParams& p, cudaStream_t stream) {
   constexpr int kSmem = WgmmaForwardTraits<D, BM, BN, THREADS>::kSmemBytes;
   auto kernel = p.segment_ids != nullptr ? wgmma_forward_kernel<D, BM, BN, THREADS, true>
                                          : wgmma_forward_kernel<D, BM, BN, THREADS, false>;
-  FT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const dim3 grid((p.seq_len + BM - 1) / BM, p.q_heads, p.batch);
-  kernel<<<grid, THREADS, kSmem, stream>>>(p);
-  FT_CUDA_CHECK(cudaGetLastError());
+  launch_with_smem(kernel, grid, THREADS, kSmem, stream, p);
 }
 
 // ---- backward ----
@@ -637,10 +635,8 @@ void launch_backward(const FlashParams& p, cudaStream_t stream) {
   constexpr int kSmem = WgmmaBackwardTraits<D, BM, BN, THREADS>::kSmemBytes;
   auto kernel = p.segment_ids != nullptr ? wgmma_backward_kernel<D, BM, BN, THREADS, true>
                                          : wgmma_backward_kernel<D, BM, BN, THREADS, false>;
-  FT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const dim3 grid((p.seq_len + BN - 1) / BN, p.kv_heads, p.batch);
-  kernel<<<grid, THREADS, kSmem, stream>>>(p);
-  FT_CUDA_CHECK(cudaGetLastError());
+  launch_with_smem(kernel, grid, THREADS, kSmem, stream, p);
 }
 
 }  // namespace wgmma_detail
