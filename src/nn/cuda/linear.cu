@@ -129,10 +129,27 @@ void bias_grad(float* db, const T* dout, int64_t rows, int64_t cols, bool overwr
   add_column_partials(db, partial.data<float>(), chunks, cols, overwrite);
 }
 
-// A row-major product with K >= 1 leading dimensions (cuBLASLt rejects ld 0 even when the
-// dimension is empty).
-int64_t ld(int64_t cols) {
-  return std::max<int64_t>(cols, 1);
+// C[M, N] = op(A)[M, K] op(B)[K, N] of dense row-major tensors: each leading dimension is its
+// matrix's stored row length (A is [K, M] when transposed, B [N, K]), at least 1 (cuBLASLt
+// rejects ld 0 even when the dimension is empty).
+ft::cuda::GemmArgs product(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                           const void* A, const void* B, void* C, DType ab_dtype, DType c_dtype) {
+  auto ld = [](int64_t cols) { return std::max<int64_t>(cols, 1); };
+  ft::cuda::GemmArgs g;
+  g.trans_a = trans_a;
+  g.trans_b = trans_b;
+  g.M = M;
+  g.N = N;
+  g.K = K;
+  g.A = A;
+  g.lda = ld(trans_a ? M : K);
+  g.B = B;
+  g.ldb = ld(trans_b ? K : N);
+  g.C = C;
+  g.ldc = ld(N);
+  g.ab_dtype = ab_dtype;
+  g.c_dtype = c_dtype;
+  return g;
 }
 
 }  // namespace
@@ -140,18 +157,9 @@ int64_t ld(int64_t cols) {
 void linear_forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tensor& b) {
   dispatch_cuda_float(inp.dtype(), "linear_forward", [](auto) {});
   const int64_t IC = w.dim(1), OC = w.dim(0), N = detail::rows_of(inp);
-  ft::cuda::GemmArgs g;
-  g.trans_b = true;
-  g.M = N;
-  g.N = OC;
-  g.K = IC;
-  g.A = inp.raw();
-  g.lda = ld(IC);
-  g.B = w.raw();
-  g.ldb = ld(IC);
-  g.C = out.raw();
-  g.ldc = ld(OC);
-  g.ab_dtype = g.c_dtype = inp.dtype();
+  // out[N, OC] = inp[N, IC] @ w[OC, IC]^T
+  ft::cuda::GemmArgs g =
+      product(false, true, N, OC, IC, inp.raw(), w.raw(), out.raw(), inp.dtype(), inp.dtype());
   if (b.defined()) {
     g.epilogue = ft::cuda::Epilogue::bias;
     g.bias = b.raw();
@@ -168,18 +176,8 @@ void linear_gelu_forward(Tensor& pre, Tensor& out, const Tensor& inp, const Tens
     gelu_forward(out, pre);
     return;
   }
-  ft::cuda::GemmArgs g;
-  g.trans_b = true;
-  g.M = N;
-  g.N = OC;
-  g.K = IC;
-  g.A = inp.raw();
-  g.lda = ld(IC);
-  g.B = w.raw();
-  g.ldb = ld(IC);
-  g.C = out.raw();
-  g.ldc = OC;
-  g.ab_dtype = g.c_dtype = inp.dtype();
+  ft::cuda::GemmArgs g =
+      product(false, true, N, OC, IC, inp.raw(), w.raw(), out.raw(), inp.dtype(), inp.dtype());
   g.epilogue = ft::cuda::Epilogue::bias_gelu;
   g.bias = b.raw();
   g.pre_gelu = pre.raw();
@@ -193,35 +191,14 @@ void linear_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, c
   dispatch_cuda_float(inp.dtype(), "linear_backward", [&](auto tag) {
     using T = decltype(tag);
     if (dinp.defined()) {  // dinp[N, IC] = dout[N, OC] @ w[OC, IC]
-      ft::cuda::GemmArgs g;
-      g.M = N;
-      g.N = IC;
-      g.K = OC;
-      g.A = dout.raw();
-      g.lda = ld(OC);
-      g.B = w.raw();
-      g.ldb = ld(IC);
-      g.C = dinp.raw();
-      g.ldc = ld(IC);
-      g.ab_dtype = g.c_dtype = inp.dtype();
-      ft::cuda::gemm(g);
+      ft::cuda::gemm(product(false, false, N, IC, OC, dout.raw(), w.raw(), dinp.raw(), inp.dtype(),
+                             inp.dtype()));
     }
     // dw[OC, IC] += dout[N, OC]^T @ inp[N, IC], fp32 C; overwrite: beta = 0, C never read
     // (the same algorithm: cuBLASLt's heuristic does not see beta).
     if (dw.defined()) {
-      ft::cuda::GemmArgs g;
-      g.trans_a = true;
-      g.M = OC;
-      g.N = IC;
-      g.K = N;
-      g.A = dout.raw();
-      g.lda = ld(OC);
-      g.B = inp.raw();
-      g.ldb = ld(IC);
-      g.C = dw.raw();
-      g.ldc = ld(IC);
-      g.ab_dtype = inp.dtype();
-      g.c_dtype = DType::f32;
+      ft::cuda::GemmArgs g =
+          product(true, false, OC, IC, N, dout.raw(), inp.raw(), dw.raw(), inp.dtype(), DType::f32);
       g.beta = overwrite ? 0.0f : 1.0f;
       ft::cuda::gemm(g);
     }
@@ -232,17 +209,9 @@ void linear_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, c
 void linear_gelu_backward(Tensor& dpre, Tensor& dw, Tensor& db, const Tensor& dout,
                           const Tensor& act, const Tensor& w, const Tensor& pre, GradStore store) {
   const int64_t IC = w.dim(1), OC = w.dim(0), N = detail::rows_of(act);
-  ft::cuda::GemmArgs g;  // dpre[N, IC] = (dout[N, OC] @ w[OC, IC]) * gelu'(pre)
-  g.M = N;
-  g.N = IC;
-  g.K = OC;
-  g.A = dout.raw();
-  g.lda = ld(OC);
-  g.B = w.raw();
-  g.ldb = ld(IC);
-  g.C = dpre.raw();
-  g.ldc = ld(IC);
-  g.ab_dtype = g.c_dtype = act.dtype();
+  // dpre[N, IC] = (dout[N, OC] @ w[OC, IC]) * gelu'(pre)
+  ft::cuda::GemmArgs g =
+      product(false, false, N, IC, OC, dout.raw(), w.raw(), dpre.raw(), act.dtype(), act.dtype());
   g.epilogue = ft::cuda::Epilogue::gelu_grad;
   g.pre_gelu = const_cast<void*>(pre.raw());  // read only (gelu_grad)
   const bool fused = N > 0 && OC > 0 && IC > 0 && IC % 8 == 0 && ft::cuda::try_gemm(g);
