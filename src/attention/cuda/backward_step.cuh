@@ -29,17 +29,12 @@ struct NothingBetween {
   __device__ __forceinline__ void operator()() const {}
 };
 
-// Warpgroup product: S^T = K Q^T, then dP^T = V dO^T, as two commit groups, so that P^T can be
-// computed while dP^T runs. All four operands are K-major panels in shared memory: K and V
-// tiles of BN rows, Q and dO tiles of BM rows, of which the products take QN (from where
-// q_stage and do_stage point: every query of the tile, or a consumer's share of them).
-// `between` runs after S^T's products are issued and before dP^T's (shared-memory loads there
-// queue behind S^T's operand reads only).
-template <int BM, int BN, int D, int QN = BM, typename Between = NothingBetween>
-__device__ __forceinline__ void issue_score_products(float (&st)[QN / 2], float (&dpt)[QN / 2],
-                                                     uint64_t k_rows, uint64_t v_rows,
-                                                     uint64_t q_stage, uint64_t do_stage,
-                                                     Between between = {}) {
+// Warpgroup products of a step, each its own commit group. All operands are K-major panels in
+// shared memory: K and V tiles of BN rows, Q and dO tiles of BM rows, of which the products take
+// QN (from where q_stage and do_stage point: every query of the tile, or a consumer's share).
+// S^T = K Q^T:
+template <int BM, int BN, int D, int QN = BM>
+__device__ __forceinline__ void issue_st(float (&st)[QN / 2], uint64_t k_rows, uint64_t q_stage) {
   using hopper::advance;
   using hopper::kPanelRowBytes;
   hopper::wg_fence();
@@ -50,8 +45,15 @@ __device__ __forceinline__ void issue_score_products(float (&st)[QN / 2], float 
     hopper::mma_ss<QN, 0, 0>(st, advance(k_rows, key_off), advance(q_stage, query_off), kd > 0);
   }
   hopper::wg_commit();
-  between();
-  hopper::wg_fence();  // keeps what `between` loads ahead of dP^T's products in the schedule
+}
+// dP^T = V dO^T (the fence also keeps loads issued before it ahead of the products in ptxas's
+// schedule):
+template <int BM, int BN, int D, int QN = BM>
+__device__ __forceinline__ void issue_dpt(float (&dpt)[QN / 2], uint64_t v_rows,
+                                          uint64_t do_stage) {
+  using hopper::advance;
+  using hopper::kPanelRowBytes;
+  hopper::wg_fence();
 #pragma unroll
   for (int kd = 0; kd < D / 16; ++kd) {
     const uint32_t key_off = (kd / 4) * BN * kPanelRowBytes + (kd % 4) * 32;
@@ -59,6 +61,18 @@ __device__ __forceinline__ void issue_score_products(float (&st)[QN / 2], float 
     hopper::mma_ss<QN, 0, 0>(dpt, advance(v_rows, key_off), advance(do_stage, query_off), kd > 0);
   }
   hopper::wg_commit();
+}
+// Both, S^T first, so that P^T can be computed while dP^T runs; `between` runs after S^T's
+// products are issued and before dP^T's (shared-memory loads there queue behind S^T's operand
+// reads only).
+template <int BM, int BN, int D, int QN = BM, typename Between = NothingBetween>
+__device__ __forceinline__ void issue_score_products(float (&st)[QN / 2], float (&dpt)[QN / 2],
+                                                     uint64_t k_rows, uint64_t v_rows,
+                                                     uint64_t q_stage, uint64_t do_stage,
+                                                     Between between = {}) {
+  issue_st<BM, BN, D, QN>(st, k_rows, q_stage);
+  between();
+  issue_dpt<BM, BN, D, QN>(dpt, v_rows, do_stage);
 }
 
 // What the softmax step of a query tile reads besides the products.
