@@ -1,7 +1,8 @@
 """scripts/check_ptxas.py on lines of ptxas's -v report as ptxas writes them (no CUDA compile
 here): which lines are findings (a serialised warpgroup product or an injected wait anywhere, an
-injected arrive in a tma kernel), which are tolerated arrives (the older wgmma kernels), and the
-tma kernels' register and spill table."""
+injected arrive in a tma kernel), which are tolerated arrives (the older wgmma kernels), the
+tma kernels' register and spill table, and which spills are findings (a tma forward kernel
+without segment ids)."""
 
 import importlib.util
 import os
@@ -70,3 +71,11 @@ def test_the_table_has_each_tma_kernel_with_its_registers_and_spills():
     assert check_ptxas.short_name(TMA_FWD) == "tma_forward_kernel<6, false>"
     assert check_ptxas.short_name(TMA_BWD) == "tma_backward_kernel<3, true>"
     assert check_ptxas.short_name(WGMMA) == WGMMA
+
+
+def test_spills_are_findings_only_in_tma_forward_kernels_without_segment_ids():
+    seg_fwd = TMA_FWD.replace("ILi6ELb0E", "ILi6ELb1E")
+    assert check_ptxas.spills_where_none_expected(TMA_FWD, 168, 4, 4)
+    assert not check_ptxas.spills_where_none_expected(TMA_FWD, 168, 0, 0)
+    assert not check_ptxas.spills_where_none_expected(seg_fwd, 168, 36, 56)
+    assert not check_ptxas.spills_where_none_expected(TMA_BWD, 168, 196, 224)
