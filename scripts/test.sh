@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Sets up, builds and runs the whole test suite: formatting, every ctest test, the Python
-# package built with pip and its pytest tests (scripts/test_python.sh), then every fuzz target for
+# Sets up, builds and runs the whole test suite: formatting, ptxas's report of the CUDA kernels
+# (scripts/check_ptxas.py), every ctest test, the Python package built with pip and its pytest
+# tests (scripts/test_python.sh), then every fuzz target for
 # FUZZ_SECONDS (20) each (scripts/fuzz.sh). GPU tests skip themselves when no GPU is
 # present. Prints the processor and the OpenBLAS core type first: CPU results depend on the kernel
 # OpenBLAS picks (OPENBLAS_CORETYPE=Haswell|Zen|SkylakeX|Sandybridge|... forces one).
