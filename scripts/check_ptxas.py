@@ -30,6 +30,14 @@ SERIALISED = re.compile(r"wgmma\.mma_async instructions are serialized|warpgroup
 ARRIVE = re.compile(r"warpgroup\.arrive is injected")
 FUNCTION = re.compile(r"function '([^']+)'")
 TMA_KERNEL = re.compile(r"tma_(forward|backward)_kernel")
+# A tma kernel's mangled name: its direction, plan and whether it reads segment ids.
+TMA_INSTANCE = re.compile(r"tma_(forward|backward)_kernelILi(\d+)ELb([01])E")
+
+
+def tma_instance(mangled):
+    """(direction, plan, segment ids) of a tma kernel's mangled name, or None."""
+    m = TMA_INSTANCE.search(mangled)
+    return (m.group(1), int(m.group(2)), m.group(3) == "1") if m else None
 
 
 def report(command, src, out_dir):
@@ -57,15 +65,22 @@ def classify(line):
 
 def spills_where_none_expected(name, registers, stored, loaded):
     """A tma forward kernel without segment ids that spills."""
-    return bool(re.search(r"tma_forward_kernelILi\d+ELb0E", name)) and stored + loaded > 0
+    kernel = tma_instance(name)
+    return kernel is not None and kernel[0] == "forward" and not kernel[2] and stored + loaded > 0
+
+
+def table_order(mangled):
+    """The table's order: the forward kernels, then the backward ones, each by plan."""
+    direction, plan, segments = tma_instance(mangled)
+    return direction != "forward", plan, segments
 
 
 def short_name(mangled):
     """tma_forward_kernel<PLAN, SEG> for a tma kernel's mangled name, else the name."""
-    m = re.search(r"tma_(forward|backward)_kernelILi(\d+)ELb([01])E", mangled)
-    if not m:
+    kernel = tma_instance(mangled)
+    if kernel is None:
         return mangled
-    return f"tma_{m.group(1)}_kernel<{m.group(2)}, {'true' if m.group(3) == '1' else 'false'}>"
+    return f"tma_{kernel[0]}_kernel<{kernel[1]}, {'true' if kernel[2] else 'false'}>"
 
 
 def kernel_table(text):
@@ -124,11 +139,8 @@ def main():
     if opts.table:
         print(f"{'tma kernel <plan, segment ids>':<36} {'registers':>9} {'spill stores':>12} "
               f"{'spill loads':>11}")
-        def order(row):
-            m = re.search(r"tma_(forward|backward)_kernelILi(\d+)ELb([01])E", row[0])
-            return (m.group(1) != "forward", int(m.group(2)), m.group(3)) if m else (True, 0, row[0])
-
-        for name, regs, st, ld in sorted(table, key=order):
+        # forward before backward, then by plan (tma kernels only are in the table)
+        for name, regs, st, ld in sorted(table, key=lambda row: table_order(row[0])):
             print(f"{short_name(name):<36} {regs:>9} {st:>12} {ld:>11}")
     if arrives:
         kernels = sorted(set(arrives))
