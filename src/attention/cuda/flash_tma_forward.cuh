@@ -32,6 +32,7 @@
 #pragma once
 
 #include <algorithm>
+#include <type_traits>
 
 #include "attention/cuda/flash_bf16.cuh"
 #include "attention/cuda/hopper.cuh"
@@ -325,28 +326,23 @@ __device__ __forceinline__ float row_extremum(const float (&s)[NT * 4], int half
 // Online softmax of one key tile for this thread's two rows, base 2 with the scale folded into
 // the exponent: the row maxima the exponentials are taken against (moved only past
 // kRescaleSlack), alpha = the factor O is rescaled by (1 where the maximum stays),
-// P = exp2(s * scale_log2 - max) in place of the scores, and the running row sums. With a
-// positive scale the largest scaled score comes from the largest raw one; with a negative one
-// from the smallest (and masked scores are +inf). The two extremum trees are separate branches
-// on a warp-uniform flag, so a thread runs one of them, not both predicated.
+// P = exp2(s * scale_log2 - max) in place of the scores, and the running row sums. POSITIVE is
+// the scale's sign: with a positive scale the largest scaled score comes from the largest raw
+// one, with a negative one from the smallest (and masked scores are +inf). The caller branches
+// on the sign once (consume: the branch's arms also hold the wgmma wait's ordering).
 template <int NT>
 struct OnlineSoftmax {
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.0f, 0.0f};
 
-  static __device__ __forceinline__ float masked(bool positive_scale) {
-    return positive_scale ? -INFINITY : INFINITY;
-  }
-  __device__ __forceinline__ void step(float (&s)[NT * 4], float scale_log2, bool positive_scale,
-                                       float (&alpha)[2]) {
+  template <bool POSITIVE>
+  static constexpr float kMasked = POSITIVE ? -INFINITY : INFINITY;
+
+  template <bool POSITIVE>
+  __device__ __forceinline__ void step(float (&s)[NT * 4], float scale_log2, float (&alpha)[2]) {
     float ext[2];
-    if (positive_scale) {
 #pragma unroll
-      for (int half = 0; half < 2; ++half) ext[half] = row_extremum<NT, true>(s, half);
-    } else {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) ext[half] = row_extremum<NT, false>(s, half);
-    }
+    for (int half = 0; half < 2; ++half) ext[half] = row_extremum<NT, POSITIVE>(s, half);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const float tile_max = quad_max(ext[half] * scale_log2);
@@ -487,7 +483,10 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
 #pragma unroll
     for (int i = 0; i < DT * 4; ++i) o[i] = 0.0f;
     OnlineSoftmax<NT> softmax;
-    uint32_t pa[BN / 16][4];  // P of the previous key tile, waiting for its product with V
+    // P of the key tiles whose products with V wait: TmaForwardPlan::p_tiles() register tiles.
+    constexpr int PT = P.p_tiles(SEG);
+    using PTile = uint32_t[BN / 16][4];
+    PTile pa[PT];
     const int q_slot = q_ring.slot;
     const uint64_t q_tile = advance(q_desc, q_slot * kQSlotBytes);
     // This tile's Q goes into the slot of the tile before last: if that slot still waits for
@@ -508,29 +507,50 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
       }
       wg_commit();
     };
-    // O += P V of ring slot `slot`: P from registers, V MN-major (its rows are the keys).
-    auto issue_pv = [&](int slot) {
+    // O += P V of ring slot `slot`: P from the register tile `pt`, V MN-major (its rows are the
+    // keys).
+    auto issue_pv = [&](int slot, const PTile& pt) {
       const uint64_t v_slot = advance(v_desc, slot * kSlotBytes);
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) {
-        mma_rs<D, 1>(o, pa[kk], advance(v_slot, kk * 16 * kPanelRowBytes));
+        mma_rs<D, 1>(o, pt[kk], advance(v_slot, kk * 16 * kPanelRowBytes));
       }
       wg_commit();
     };
-    // Mask (where a boundary cuts the tile) and online softmax of the scores of key tile kb.
-    auto softmax_step = [&](int kb, float(&alpha)[2]) {
-      const int k0 = kb * BN;
-      if (tiles.masked(kb)) {
-        mask_tile<NT, SEG>(sc, p, rows, qid, seg_row,
-                           SEG ? tiles.key_segment(kb) : UniformSegment{true, 0}, k0, lane,
-                           OnlineSoftmax<NT>::masked(positive_scale));
+    // Mask (where a boundary cuts the tile) and online softmax of the scores of key tile kb,
+    // then, with CONVERT, P into the register tile `pt`. All of it runs in the arms of one
+    // branch on the scale's sign: ptxas moves a wgmma wait to the top of its basic block, so
+    // the P V wait that follows this step in the steady loop, in the block of the softmax's
+    // exponentials, ran before them (the SASS of every plan had its WARPGROUP.DEPBAR above
+    // every MUFU.EX2); a block boundary keeps it below.
+    auto softmax_step = [&](int kb, float(&alpha)[2], PTile& pt, auto convert) {
+      auto arm = [&](auto positive) {
+        constexpr bool kPositive = decltype(positive)::value;
+        if (tiles.masked(kb)) {
+          mask_tile<NT, SEG>(sc, p, rows, qid, seg_row,
+                             SEG ? tiles.key_segment(kb) : UniformSegment{true, 0}, kb * BN, lane,
+                             OnlineSoftmax<NT>::template kMasked<kPositive>);
+        }
+        softmax.template step<kPositive>(sc, p.scale_log2, alpha);
+        if constexpr (decltype(convert)::value) {
+#pragma unroll
+          for (int kk = 0; kk < BN / 16; ++kk) acc_to_a(pt[kk], sc, kk);
+        }
+      };
+      if (positive_scale) {
+        arm(std::true_type{});
+      } else {
+        arm(std::false_type{});
       }
-      softmax.step(sc, p.scale_log2, positive_scale, alpha);
+    };
+    auto pin_operands = [&] {
+      pin(o);
+#pragma unroll
+      for (int t = 0; t < PT; ++t) pin(pa[t]);
     };
     auto begin_turn = [&] {
       if (P.pingpong) named_sync(turn_barrier(g), 256);
-      pin(o);
-      pin(pa);
+      pin_operands();
       wg_fence();
     };
     auto end_turn = [&] {
@@ -549,44 +569,68 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
       pin(sc);
       release(s.k_empty(ring.slot));
       float alpha[2];
-      softmax_step(kb, alpha);
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) acc_to_a(pa[kk], sc, kk);
+      softmax_step(kb, alpha, pa[0], std::true_type{});
       prev = ring;
       ring.advance();
       kb = tiles.next_visible(kb + 1);
     }
-    // Steady state: S_j and P_{j-1} V_{j-1} issued together, the softmax of S_j while P V runs.
-    for (; kb < tiles.end; kb = tiles.next_visible(kb + 1)) {
+    // One steady key tile: S_j and P_{j-1} V_{j-1} issued together, the softmax of S_j while
+    // P V runs. P_{j-1} is in `held`; P_j goes into `next`, under the product where they are
+    // two tiles, after its wait where they are one.
+    auto steady = [&](PTile& held, PTile& next) {
       mbar_wait(s.k_full(ring.slot), ring.parity);
       mbar_wait(s.v_full(prev.slot), prev.parity);
       begin_turn();
       issue_scores(ring.slot);
-      issue_pv(prev.slot);
+      issue_pv(prev.slot, held);
       end_turn();
       wg_wait<1>();
       pin(sc);
       release(s.k_empty(ring.slot));
       float alpha[2];
-      softmax_step(kb, alpha);
+      softmax_step(kb, alpha, next, std::bool_constant<PT == 2>{});
       wg_wait<0>();
-      pin(o);
-      pin(pa);
+      pin_operands();
       release(s.v_empty(prev.slot));
+      if constexpr (PT == 1) {
 #pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) acc_to_a(pa[kk], sc, kk);
+        for (int kk = 0; kk < BN / 16; ++kk) acc_to_a(next[kk], sc, kk);
+      }
       rescale<DT>(o, alpha);
       prev = ring;
       ring.advance();
+      kb = tiles.next_visible(kb + 1);
+    };
+    // With two P tiles the loop alternates them (register arrays take constant indices only);
+    // `second_holds` says which holds the last key tile's P.
+    bool second_holds = false;
+    if constexpr (PT == 2) {
+      while (kb < tiles.end) {
+        steady(pa[0], pa[1]);
+        second_holds = true;
+        if (kb >= tiles.end) break;
+        steady(pa[1], pa[0]);
+        second_holds = false;
+      }
+    } else {
+      while (kb < tiles.end) steady(pa[0], pa[0]);
     }
-    if (prev.slot != ring.slot || prev.parity != ring.parity) {  // the last tile's P V
-      mbar_wait(s.v_full(prev.slot), prev.parity);
+    // The last key tile's P V. Each path that issues it also waits for it (one wait after both
+    // paths serialised every product: ptxas C7515).
+    auto last_pv = [&](const PTile& held) {
       begin_turn();
-      issue_pv(prev.slot);
+      issue_pv(prev.slot, held);
       end_turn();
       wg_wait<0>();
-      pin(o);
-      pin(pa);
+      pin_operands();
+    };
+    if (prev.slot != ring.slot || prev.parity != ring.parity) {
+      mbar_wait(s.v_full(prev.slot), prev.parity);
+      if (second_holds) {
+        last_pv(pa[PT - 1]);
+      } else {
+        last_pv(pa[0]);
+      }
       release(s.v_empty(prev.slot));
     }
     // This group's products are done with its Q rows: the output goes over them.
