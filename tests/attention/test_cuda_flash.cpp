@@ -226,6 +226,37 @@ TEST_F(CudaFlashTest, TmaBackwardGroupsOfPairsCoverEveryKeyBlock) {
   check_against_naive_fp32("tma backward, deterministic", deterministic, {config});
 }
 
+// Blocks that walk several work tiles: the tma forward hands each tile's last P V product over
+// to the next tile's first scores (two Q slots), and a tile whose keys the mask hides entirely,
+// or the last tile of a block, ends alone. 8 x 8 heads of 1000 positions (a partial last query
+// tile) are several tiles a block at every plan; each mask alone and all together, and a
+// negative scale (the other arm of the softmax), at every head dim.
+TEST_F(CudaFlashTest, TmaForwardBlocksOfSeveralWorkTilesMatchNaiveFp32) {
+  struct MaskCase {
+    const char* name;
+    bool causal;
+    int64_t window;
+    bool segments;
+    double scale;  // 0: 1 / sqrt(D)
+  };
+  const MaskCase cases[] = {
+      {"dense", false, 0, false, 0.0},    {"causal", true, 0, false, 0.0},
+      {"window", false, 150, false, 0.0}, {"documents", false, 0, true, 0.0},
+      {"all", true, 150, true, 0.0},      {"causal, negative scale", true, 0, false, -0.1}};
+  for (const int64_t head_dim : {64, 128, 256}) {
+    for (const MaskCase& c : cases) {
+      Mask mask;
+      mask.causal = c.causal;
+      mask.window = c.window;
+      mask.has_segments = c.segments;
+      Inputs in = make_inputs({8, 1000, 8, 2, head_dim}, mask, DType::bf16, 41);
+      in.problem.scale = c.scale;
+      check_against_naive_fp32(ft::str("several tiles a block d", head_dim, " ", c.name), in,
+                               configs_under_test(in.problem));
+    }
+  }
+}
+
 // Scales other than 1 / sqrt(D): larger, smaller and negative (the largest scaled score then
 // comes from the smallest raw one), with every mask.
 TEST_F(CudaFlashTest, NonDefaultScalesMatchNaiveFp32) {

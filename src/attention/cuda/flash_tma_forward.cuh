@@ -462,183 +462,271 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
     }
     unreleased_slot = -1;
   };
-  RingPosition<Smem<PLAN>::kQSlots> q_ring;
-  RingPosition<P.stages> ring;
-  for (int local = 0, step = 0;; ++local, ++step) {  // as the producer walks
-    const int t = a.order.next_tile(step, blockIdx.x, gridDim.x);
-    if (t < 0) break;
+  // One work tile as this group walks it: its key tiles, this thread's two rows (and their
+  // documents), its Q slot.
+  using Tiles = KeyTiles<BM, BN, P.table_tiles(), SEG>;
+  struct TileView {
+    WorkTile w;
+    Tiles tiles;
+    int rows[2];
+    int qid[2];
+    const int32_t* seg_row;
+    int q_slot;
+    uint64_t q_tile;  // this group's rows of the Q slot
+  };
+  auto view = [&](int t, int local, int q_slot) {
     const WorkTile w = a.order.at(t);
-    const KeyTiles<BM, BN, P.table_tiles(), SEG> tiles(p, w, s.table_ids(local & 1),
-                                                       s.table_covers(local & 1), false);
+    const Tiles tiles(p, w, s.table_ids(local & 1), s.table_covers(local & 1), false);
     const int32_t* seg_row = SEG ? p.segment_ids + int64_t{w.batch} * S : nullptr;
-    // This thread's two rows.
-    const int rows[2] = {tiles.q0 + P.group_row(g) + warp * 16 + lane / 4,
-                         tiles.q0 + P.group_row(g) + warp * 16 + lane / 4 + 8};
-    int qid[2] = {0, 0};
+    const int r0 = tiles.q0 + P.group_row(g) + warp * 16 + lane / 4;
+    TileView v{
+        w, tiles, {r0, r0 + 8}, {0, 0}, seg_row, q_slot, advance(q_desc, q_slot * kQSlotBytes)};
     if (SEG) {
-      qid[0] = rows[0] < S ? seg_row[rows[0]] : -1;
-      qid[1] = rows[1] < S ? seg_row[rows[1]] : -1;
+      v.qid[0] = r0 < S ? seg_row[r0] : -1;
+      v.qid[1] = r0 + 8 < S ? seg_row[r0 + 8] : -1;
     }
-    float o[DT * 4];
+    return v;
+  };
+
+  float o[DT * 4];
+  auto clear_output = [&] {
 #pragma unroll
     for (int i = 0; i < DT * 4; ++i) o[i] = 0.0f;
-    OnlineSoftmax<NT> softmax;
-    // P of the key tiles whose products with V wait: TmaForwardPlan::p_tiles() register tiles.
-    constexpr int PT = P.p_tiles(SEG);
-    using PTile = uint32_t[BN / 16][4];
-    PTile pa[PT];
-    const int q_slot = q_ring.slot;
-    const uint64_t q_tile = advance(q_desc, q_slot * kQSlotBytes);
-    // This tile's Q goes into the slot of the tile before last: if that slot still waits for
-    // its store (the last tile had no key tile to release it under), release it now.
-    if (unreleased_slot == q_slot) release_stored_slot();
-    mbar_wait(s.q_full(q_slot), q_ring.parity);
+  };
+  // P of the key tiles whose products with V wait: TmaForwardPlan::p_tiles() register tiles.
+  constexpr int PT = P.p_tiles(SEG);
+  using PTile = uint32_t[BN / 16][4];
+  PTile pa[PT];
+  float sc[NT * 4];
 
-    // The pieces of one key tile. S = Q K^T of ring slot `slot` (both K-major; a 16-column
-    // step moves 32 bytes along a panel row).
-    float sc[NT * 4];
-    auto issue_scores = [&](int slot) {
-      const uint64_t k_slot = advance(k_desc, slot * kSlotBytes);
+  // The pieces of one key tile. S = Q K^T of ring slot `slot` (both K-major; a 16-column
+  // step moves 32 bytes along a panel row).
+  auto issue_scores = [&](uint64_t q_tile, int slot) {
+    const uint64_t k_slot = advance(k_desc, slot * kSlotBytes);
 #pragma unroll
-      for (int kd = 0; kd < D / 16; ++kd) {
-        const uint32_t col = (kd % 4) * 32;
-        mma_ss<BN, 0, 0>(sc, advance(q_tile, (kd / 4) * QR * kPanelRowBytes + col),
-                         advance(k_slot, (kd / 4) * BN * kPanelRowBytes + col), kd > 0);
-      }
-      wg_commit();
-    };
-    // O += P V of ring slot `slot`: P from the register tile `pt`, V MN-major (its rows are the
-    // keys).
-    auto issue_pv = [&](int slot, const PTile& pt) {
-      const uint64_t v_slot = advance(v_desc, slot * kSlotBytes);
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) {
-        mma_rs<D, 1>(o, pt[kk], advance(v_slot, kk * 16 * kPanelRowBytes));
-      }
-      wg_commit();
-    };
-    // Mask (where a boundary cuts the tile) and online softmax of the scores of key tile kb,
-    // then, with CONVERT, P into the register tile `pt`. All of it runs in the arms of one
-    // branch on the scale's sign: ptxas moves a wgmma wait to the top of its basic block, so
-    // the P V wait that follows this step in the steady loop, in the block of the softmax's
-    // exponentials, ran before them (the SASS of every plan had its WARPGROUP.DEPBAR above
-    // every MUFU.EX2); a block boundary keeps it below.
-    auto softmax_step = [&](int kb, float(&alpha)[2], PTile& pt, auto convert) {
-      auto arm = [&](auto positive) {
-        constexpr bool kPositive = decltype(positive)::value;
-        if (tiles.masked(kb)) {
-          mask_tile<NT, SEG>(sc, p, rows, qid, seg_row,
-                             SEG ? tiles.key_segment(kb) : UniformSegment{true, 0}, kb * BN, lane,
-                             OnlineSoftmax<NT>::template kMasked<kPositive>);
-        }
-        softmax.template step<kPositive>(sc, p.scale_log2, alpha);
-        if constexpr (decltype(convert)::value) {
-#pragma unroll
-          for (int kk = 0; kk < BN / 16; ++kk) acc_to_a(pt[kk], sc, kk);
-        }
-      };
-      if (positive_scale) {
-        arm(std::true_type{});
-      } else {
-        arm(std::false_type{});
-      }
-    };
-    auto pin_operands = [&] {
-      pin(o);
-#pragma unroll
-      for (int t = 0; t < PT; ++t) pin(pa[t]);
-    };
-    auto begin_turn = [&] {
-      if (P.pingpong) named_sync(turn_barrier(g), 256);
-      pin_operands();
-      wg_fence();
-    };
-    auto end_turn = [&] {
-      if (P.pingpong) named_arrive(turn_barrier(next_group), 256);
-    };
-
-    int kb = tiles.next_visible(tiles.begin);
-    RingPosition<P.stages> prev = ring;  // the slot whose V the next P V reads
-    if (kb < tiles.end) {                // the first key tile: its scores alone
-      mbar_wait(s.k_full(ring.slot), ring.parity);
-      begin_turn();
-      issue_scores(ring.slot);
-      end_turn();
-      release_stored_slot();  // the previous tile's store has had its products' time to read
-      wg_wait<0>();
-      pin(sc);
-      release(s.k_empty(ring.slot));
-      float alpha[2];
-      softmax_step(kb, alpha, pa[0], std::true_type{});
-      prev = ring;
-      ring.advance();
-      kb = tiles.next_visible(kb + 1);
+    for (int kd = 0; kd < D / 16; ++kd) {
+      const uint32_t col = (kd % 4) * 32;
+      mma_ss<BN, 0, 0>(sc, advance(q_tile, (kd / 4) * QR * kPanelRowBytes + col),
+                       advance(k_slot, (kd / 4) * BN * kPanelRowBytes + col), kd > 0);
     }
-    // One steady key tile: S_j and P_{j-1} V_{j-1} issued together, the softmax of S_j while
-    // P V runs. P_{j-1} is in `held`; P_j goes into `next`, under the product where they are
-    // two tiles, after its wait where they are one.
+    wg_commit();
+  };
+  // O += P V of ring slot `slot`: P from the register tile `pt`, V MN-major (its rows are the
+  // keys).
+  auto issue_pv = [&](int slot, const PTile& pt) {
+    const uint64_t v_slot = advance(v_desc, slot * kSlotBytes);
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      mma_rs<D, 1>(o, pt[kk], advance(v_slot, kk * 16 * kPanelRowBytes));
+    }
+    wg_commit();
+  };
+  // Mask (where a boundary cuts the tile) and online softmax of the scores of key tile kb of
+  // work tile `v`, then, with CONVERT, P into the register tile `pt`. All of it runs in the
+  // arms of one branch on the scale's sign: ptxas moves a wgmma wait to the top of its basic
+  // block, so the P V wait that follows this step in the steady loop, in the block of the
+  // softmax's exponentials, ran before them (the SASS of every plan had its WARPGROUP.DEPBAR
+  // above every MUFU.EX2); a block boundary keeps it below.
+  auto softmax_step = [&](const TileView& v, OnlineSoftmax<NT>& sm, int kb, float(&alpha)[2],
+                          PTile& pt, auto convert) {
+    auto arm = [&](auto positive) {
+      constexpr bool kPositive = decltype(positive)::value;
+      if (v.tiles.masked(kb)) {
+        mask_tile<NT, SEG>(sc, p, v.rows, v.qid, v.seg_row,
+                           SEG ? v.tiles.key_segment(kb) : UniformSegment{true, 0}, kb * BN, lane,
+                           OnlineSoftmax<NT>::template kMasked<kPositive>);
+      }
+      sm.template step<kPositive>(sc, p.scale_log2, alpha);
+      if constexpr (decltype(convert)::value) {
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) acc_to_a(pt[kk], sc, kk);
+      }
+    };
+    if (positive_scale) {
+      arm(std::true_type{});
+    } else {
+      arm(std::false_type{});
+    }
+  };
+  auto convert_p = [&](PTile& pt) {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) acc_to_a(pt[kk], sc, kk);
+  };
+  auto pin_operands = [&] {
+    pin(o);
+#pragma unroll
+    for (int t = 0; t < PT; ++t) pin(pa[t]);
+  };
+  auto begin_turn = [&] {
+    if (P.pingpong) named_sync(turn_barrier(g), 256);
+    pin_operands();
+    wg_fence();
+  };
+  auto end_turn = [&] {
+    if (P.pingpong) named_arrive(turn_barrier(next_group), 256);
+  };
+
+  // The hand-off between work tiles (below) needs the next tile's Q in the other slot: every
+  // plan but head dim 256's two-stage ones.
+  constexpr bool kHandsOff = Smem<PLAN>::kQSlots == 2;
+  RingPosition<Smem<PLAN>::kQSlots> q_ring;
+  RingPosition<P.stages> ring;
+  RingPosition<P.stages> prev;  // the slot whose V the next P V reads
+  int local = 0, step = 0;      // as the producer walks: work tiles, and the walk of the deal
+  int t = a.order.next_tile(step, blockIdx.x, gridDim.x);
+  OnlineSoftmax<NT> softmax;
+  clear_output();
+  int kb = 0;
+  // Whether the work tile's first key tile went out with the last one's last P V (below),
+  // and which P tile holds the P that the next P V reads.
+  bool started = false, second_holds = false;
+  while (t >= 0) {
+    // The view is made again in each iteration, not carried over from the hand-off's: values
+    // made from the tile's index can be recomputed by the compiler where a carried view would
+    // hold registers through the whole loop.
+    const TileView cur = view(t, local, q_ring.slot);
+    if (!started) {
+      // This tile's Q goes into the slot of the tile before last: if that slot still waits
+      // for its store (the last tile had no key tile to release it under), release it now.
+      if (unreleased_slot == cur.q_slot) release_stored_slot();
+      mbar_wait(s.q_full(cur.q_slot), q_ring.parity);
+      kb = cur.tiles.next_visible(cur.tiles.begin);
+      prev = ring;
+      if (kb < cur.tiles.end) {  // the first key tile: its scores alone
+        mbar_wait(s.k_full(ring.slot), ring.parity);
+        begin_turn();
+        issue_scores(cur.q_tile, ring.slot);
+        end_turn();
+        release_stored_slot();  // the previous tile's store has had its products' time
+        wg_wait<0>();
+        pin(sc);
+        release(s.k_empty(ring.slot));
+        float alpha[2];
+        softmax_step(cur, softmax, kb, alpha, pa[0], std::true_type{});
+        second_holds = false;
+        prev = ring;
+        ring.advance();
+        kb = cur.tiles.next_visible(kb + 1);
+      }
+    }
+    // One steady key tile: S_j and P_{j-1} V_{j-1} issued together, the softmax of S_j
+    // while P V runs. P_{j-1} is in `held`; P_j goes into `next`, under the product where
+    // they are two tiles, after its wait where they are one.
     auto steady = [&](PTile& held, PTile& next) {
       mbar_wait(s.k_full(ring.slot), ring.parity);
       mbar_wait(s.v_full(prev.slot), prev.parity);
       begin_turn();
-      issue_scores(ring.slot);
+      issue_scores(cur.q_tile, ring.slot);
       issue_pv(prev.slot, held);
       end_turn();
+      release_stored_slot();  // after a hand-off, the last tile's (its store came after)
       wg_wait<1>();
       pin(sc);
       release(s.k_empty(ring.slot));
       float alpha[2];
-      softmax_step(kb, alpha, next, std::bool_constant<PT == 2>{});
+      softmax_step(cur, softmax, kb, alpha, next, std::bool_constant<PT == 2>{});
       wg_wait<0>();
       pin_operands();
       release(s.v_empty(prev.slot));
-      if constexpr (PT == 1) {
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) acc_to_a(next[kk], sc, kk);
-      }
+      if constexpr (PT == 1) convert_p(next);
       rescale<DT>(o, alpha);
       prev = ring;
       ring.advance();
-      kb = tiles.next_visible(kb + 1);
+      kb = cur.tiles.next_visible(kb + 1);
     };
-    // With two P tiles the loop alternates them (register arrays take constant indices only);
-    // `second_holds` says which holds the last key tile's P.
-    bool second_holds = false;
-    if constexpr (PT == 2) {
-      while (kb < tiles.end) {
-        steady(pa[0], pa[1]);
-        second_holds = true;
-        if (kb >= tiles.end) break;
-        steady(pa[1], pa[0]);
-        second_holds = false;
-      }
-    } else {
-      while (kb < tiles.end) steady(pa[0], pa[0]);
-    }
-    // The last key tile's P V. Each path that issues it also waits for it (one wait after both
-    // paths serialised every product: ptxas C7515).
-    auto last_pv = [&](const PTile& held) {
-      begin_turn();
-      issue_pv(prev.slot, held);
-      end_turn();
-      wg_wait<0>();
-      pin_operands();
-    };
-    if (prev.slot != ring.slot || prev.parity != ring.parity) {
-      mbar_wait(s.v_full(prev.slot), prev.parity);
-      if (second_holds) {
-        last_pv(pa[PT - 1]);
+    // With two P tiles the steps alternate them (register arrays take constant indices).
+    while (kb < cur.tiles.end) {
+      if (PT == 1 || !second_holds) {
+        steady(pa[0], pa[PT - 1]);
       } else {
-        last_pv(pa[0]);
+        steady(pa[PT - 1], pa[0]);
       }
-      release(s.v_empty(prev.slot));
+      second_holds = PT == 2 && !second_holds;
     }
-    // This group's products are done with its Q rows: the output goes over them.
-    store_output<PLAN, NT>(a, s, q_slot, g, w, tiles.q0, o, softmax);
-    release_stored_slot();  // only when this tile had no key tile to release it under
-    unreleased_slot = q_slot;
-    if constexpr (Smem<PLAN>::kQSlots == 1) release_stored_slot();
+    const bool pv_pending = prev.slot != ring.slot || prev.parity != ring.parity;
+    int step_next = step + 1;  // next_tile moves it past the deal's empty places
+    const int t_next = a.order.next_tile(step_next, blockIdx.x, gridDim.x);
+
+    // The hand-off: the next work tile's first S goes out with this tile's last P V, its
+    // softmax runs under that product, and this tile's epilogue follows, so that no product
+    // runs alone at a work tile's end (kHandsOff).
+    bool handed = false;
+    if constexpr (kHandsOff) {
+      if (pv_pending && t_next >= 0) {
+        RingPosition<2> q_next = q_ring;
+        q_next.advance();
+        const TileView next = view(t_next, local + 1, q_next.slot);
+        if (unreleased_slot == next.q_slot) release_stored_slot();
+        mbar_wait(s.q_full(next.q_slot), q_next.parity);
+        const int kb_next = next.tiles.next_visible(next.tiles.begin);
+        if (kb_next < next.tiles.end) {
+          OnlineSoftmax<NT> next_softmax;
+          mbar_wait(s.k_full(ring.slot), ring.parity);
+          mbar_wait(s.v_full(prev.slot), prev.parity);
+          // Each path that issues products also waits for them (one wait after both
+          // paths serialised every product: ptxas C7515).
+          auto hand_off = [&](PTile& held, PTile& first) {
+            begin_turn();
+            issue_scores(next.q_tile, ring.slot);
+            issue_pv(prev.slot, held);
+            end_turn();
+            wg_wait<1>();
+            pin(sc);
+            release(s.k_empty(ring.slot));
+            float alpha[2];
+            softmax_step(next, next_softmax, kb_next, alpha, first, std::bool_constant<PT == 2>{});
+            wg_wait<0>();
+            pin_operands();
+            release(s.v_empty(prev.slot));
+            if constexpr (PT == 1) convert_p(first);
+          };
+          if (PT == 1 || !second_holds) {
+            hand_off(pa[0], pa[PT - 1]);
+          } else {
+            hand_off(pa[PT - 1], pa[0]);
+          }
+          second_holds = PT == 2 && !second_holds;
+          // This group's products are done with its Q rows: the output goes over them.
+          store_output<PLAN, NT>(a, s, cur.q_slot, g, cur.w, cur.tiles.q0, o, softmax);
+          unreleased_slot = cur.q_slot;
+          clear_output();
+          softmax = next_softmax;
+          prev = ring;
+          ring.advance();
+          kb = next.tiles.next_visible(kb_next + 1);
+          handed = true;
+        }
+      }
+    }
+    if (!handed) {
+      if (pv_pending) {  // the last key tile's P V alone
+        mbar_wait(s.v_full(prev.slot), prev.parity);
+        auto last_pv = [&](const PTile& held) {
+          begin_turn();
+          issue_pv(prev.slot, held);
+          end_turn();
+          wg_wait<0>();
+          pin_operands();
+        };
+        if (second_holds) {
+          last_pv(pa[PT - 1]);
+        } else {
+          last_pv(pa[0]);
+        }
+        release(s.v_empty(prev.slot));
+      }
+      store_output<PLAN, NT>(a, s, cur.q_slot, g, cur.w, cur.tiles.q0, o, softmax);
+      release_stored_slot();  // only when this tile had no key tile to release it under
+      unreleased_slot = cur.q_slot;
+      if constexpr (Smem<PLAN>::kQSlots == 1) release_stored_slot();
+      clear_output();
+      softmax = OnlineSoftmax<NT>{};
+    }
     q_ring.advance();
+    ++local;
+    step = step_next;
+    t = t_next;
+    started = handed;
   }
   if (tid == 0) tma_store_wait_all();
 }
