@@ -609,39 +609,46 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
         kb = cur.tiles.next_visible(kb + 1);
       }
     }
-    // One steady key tile: S_j and P_{j-1} V_{j-1} issued together, the softmax of S_j
-    // while P V runs. P_{j-1} is in `held`; P_j goes into `next`, under the product where
-    // they are two tiles, after its wait where they are one.
-    auto steady = [&](PTile& held, PTile& next) {
+    // S of key tile kb of work tile `v` and P_{j-1} V_{j-1} issued together, the softmax of S
+    // while P V runs (each path that issues products also waits for them: one wait after two
+    // paths serialised every product, ptxas C7515). P_{j-1} is in `held`; the new P goes into
+    // `next`, under the product where they are two tiles, after its wait where they are one.
+    auto paired_step = [&](const TileView& v, OnlineSoftmax<NT>& sm, int kb_of_scores,
+                           float(&alpha)[2], PTile& held, PTile& next) {
       mbar_wait(s.k_full(ring.slot), ring.parity);
       mbar_wait(s.v_full(prev.slot), prev.parity);
       begin_turn();
-      issue_scores(cur.q_tile, ring.slot);
+      issue_scores(v.q_tile, ring.slot);
       issue_pv(prev.slot, held);
       end_turn();
       release_stored_slot();  // after a hand-off, the last tile's (its store came after)
       wg_wait<1>();
       pin(sc);
       release(s.k_empty(ring.slot));
-      float alpha[2];
-      softmax_step(cur, softmax, kb, alpha, next, std::bool_constant<PT == 2>{});
+      softmax_step(v, sm, kb_of_scores, alpha, next, std::bool_constant<PT == 2>{});
       wg_wait<0>();
       pin_operands();
       release(s.v_empty(prev.slot));
       if constexpr (PT == 1) convert_p(next);
-      rescale<DT>(o, alpha);
+    };
+    // With two P tiles the steps alternate them (register arrays take constant indices).
+    auto alternating = [&](auto&& step_with) {
+      if (PT == 1 || !second_holds) {
+        step_with(pa[0], pa[PT - 1]);
+      } else {
+        step_with(pa[PT - 1], pa[0]);
+      }
+      second_holds = PT == 2 && !second_holds;
+    };
+    while (kb < cur.tiles.end) {  // the steady key tiles
+      alternating([&](PTile& held, PTile& next) {
+        float alpha[2];
+        paired_step(cur, softmax, kb, alpha, held, next);
+        rescale<DT>(o, alpha);
+      });
       prev = ring;
       ring.advance();
       kb = cur.tiles.next_visible(kb + 1);
-    };
-    // With two P tiles the steps alternate them (register arrays take constant indices).
-    while (kb < cur.tiles.end) {
-      if (PT == 1 || !second_holds) {
-        steady(pa[0], pa[PT - 1]);
-      } else {
-        steady(pa[PT - 1], pa[0]);
-      }
-      second_holds = PT == 2 && !second_holds;
     }
     const bool pv_pending = prev.slot != ring.slot || prev.parity != ring.parity;
     int step_next = step + 1;  // next_tile moves it past the deal's empty places
@@ -661,31 +668,10 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
         const int kb_next = next.tiles.next_visible(next.tiles.begin);
         if (kb_next < next.tiles.end) {
           OnlineSoftmax<NT> next_softmax;
-          mbar_wait(s.k_full(ring.slot), ring.parity);
-          mbar_wait(s.v_full(prev.slot), prev.parity);
-          // Each path that issues products also waits for them (one wait after both
-          // paths serialised every product: ptxas C7515).
-          auto hand_off = [&](PTile& held, PTile& first) {
-            begin_turn();
-            issue_scores(next.q_tile, ring.slot);
-            issue_pv(prev.slot, held);
-            end_turn();
-            wg_wait<1>();
-            pin(sc);
-            release(s.k_empty(ring.slot));
-            float alpha[2];
-            softmax_step(next, next_softmax, kb_next, alpha, first, std::bool_constant<PT == 2>{});
-            wg_wait<0>();
-            pin_operands();
-            release(s.v_empty(prev.slot));
-            if constexpr (PT == 1) convert_p(first);
-          };
-          if (PT == 1 || !second_holds) {
-            hand_off(pa[0], pa[PT - 1]);
-          } else {
-            hand_off(pa[PT - 1], pa[0]);
-          }
-          second_holds = PT == 2 && !second_holds;
+          alternating([&](PTile& held, PTile& first) {
+            float alpha[2];  // the next tile's first: O starts at zero
+            paired_step(next, next_softmax, kb_next, alpha, held, first);
+          });
           // This group's products are done with its Q rows: the output goes over them.
           store_output<PLAN, NT>(a, s, cur.q_slot, g, cur.w, cur.tiles.q0, o, softmax);
           unreleased_slot = cur.q_slot;
