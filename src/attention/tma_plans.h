@@ -116,17 +116,6 @@ struct TmaForwardPlan {
   constexpr int accumulator_registers() const {
     return block_n / 2 + block_n / 4 + head_dim / 2 + 32;
   }
-  // Register tiles of P (the A operand of P V). With two, the softmax of S_j converts its P
-  // into the tile that P_{j-1} V_{j-1} does not read, before that product's wait: the
-  // exponentials and the conversion run under the product. With one, the conversion waits for
-  // the product. Two where the second tile (block_n / 4 words) fits the consumer registers,
-  // with kSegmentRegisters more in the kernel that reads segment ids (at head dim 256 with
-  // 64-key tiles its two P tiles spilled 252 bytes, ptxas, where one tile spills 12).
-  static constexpr int kSegmentRegisters = 8;
-  constexpr int p_tiles_for(int blocks, bool segments) const {
-    const int need = accumulator_registers() + block_n / 4 + (segments ? kSegmentRegisters : 0);
-    return need <= consumer_registers_for(blocks) ? 2 : 1;
-  }
   constexpr bool fits(int blocks) const {
     return bytes_with_q_slots(q_slots_for(blocks)) <= smem_limit(blocks) &&
            accumulator_registers() <= consumer_registers_for(blocks);
@@ -145,7 +134,6 @@ struct TmaForwardPlan {
   constexpr int launch_registers() const { return launch_registers_for(blocks_per_sm()); }
   constexpr int producer_registers() const { return producer_registers_for(blocks_per_sm()); }
   constexpr int consumer_registers() const { return consumer_registers_for(blocks_per_sm()); }
-  constexpr int p_tiles(bool segments) const { return p_tiles_for(blocks_per_sm(), segments); }
 
   constexpr bool operator==(const TmaForwardPlan& o) const {
     return head_dim == o.head_dim && block_m == o.block_m && block_n == o.block_n &&

@@ -226,9 +226,9 @@ TEST_F(CudaFlashTest, TmaBackwardGroupsOfPairsCoverEveryKeyBlock) {
   check_against_naive_fp32("tma backward, deterministic", deterministic, {config});
 }
 
-// Blocks that walk several work tiles: the tma forward hands each tile's last P V product over
-// to the next tile's first scores (two Q slots), and a tile whose keys the mask hides entirely,
-// or the last tile of a block, ends alone. 8 x 8 heads of 1000 positions (a partial last query
+// Blocks that walk several work tiles: each tile's Q slot, softmax state and output store are
+// reused by the next, and a tile whose keys the mask hides entirely, or the last tile of a
+// block, ends alone. 8 x 8 heads of 1000 positions (a partial last query
 // tile) are several tiles a block at every plan; each mask alone and all together, and a
 // negative scale (the other arm of the softmax), at every head dim.
 TEST_F(CudaFlashTest, TmaForwardBlocksOfSeveralWorkTilesMatchNaiveFp32) {

@@ -151,30 +151,6 @@ TEST(KernelConfig, OneGroupTmaPlansShareTheSm) {
   EXPECT_GT(shared, 0);
 }
 
-// P takes two register tiles (its softmax under the previous tile's P V) where the second fits
-// the consumers' registers beside the accumulators: the hero's, GPT-2's and the local head-dim
-// 128 default plan do; head dim 256 with 80-key tiles and three consumer groups do not. The
-// kernel that reads segment ids needs a few registers more and never takes more tiles.
-TEST(KernelConfig, TmaForwardPTilesFitTheRegisters) {
-  for (const TmaForwardPlan& plan : kTmaForwardPlans) {
-    for (const bool segments : {false, true}) {
-      const int tiles = plan.p_tiles(segments);
-      ASSERT_TRUE(tiles == 1 || tiles == 2);
-      const int need = plan.accumulator_registers() + plan.block_n / 4 +
-                       (segments ? TmaForwardPlan::kSegmentRegisters : 0);
-      EXPECT_EQ(tiles == 2, need <= plan.consumer_registers())
-          << plan.head_dim << " " << plan.block_m << "x" << plan.block_n;
-    }
-    EXPECT_LE(plan.p_tiles(true), plan.p_tiles(false));
-  }
-  EXPECT_EQ((TmaForwardPlan{64, 128, 128, 2, true, true}).p_tiles(false), 2);
-  EXPECT_EQ((TmaForwardPlan{128, 128, 128, 2, true, true}).p_tiles(false), 2);
-  EXPECT_EQ((TmaForwardPlan{128, 64, 64, 2, false, true}).p_tiles(true), 2);
-  EXPECT_EQ((TmaForwardPlan{256, 128, 80, 2, true, true}).p_tiles(false), 1);
-  EXPECT_EQ((TmaForwardPlan{64, 192, 128, 2, true, true}).p_tiles(false), 1);
-  EXPECT_EQ((TmaForwardPlan{256, 128, 64, 2, true, true}).p_tiles(true), 1);
-}
-
 // Every plan's segment tables hold kTmaTileTable key tiles, except where they would not fit
 // beside one Q slot and the ring: head dim 256 with 80-key tiles (64 KB of Q, 160 KB of ring)
 // holds half as many. Key tiles of 80 are refused at the other head dims.

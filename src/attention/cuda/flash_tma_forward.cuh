@@ -32,7 +32,6 @@
 #pragma once
 
 #include <algorithm>
-#include <type_traits>
 
 #include "attention/cuda/flash_bf16.cuh"
 #include "attention/cuda/hopper.cuh"
@@ -326,23 +325,28 @@ __device__ __forceinline__ float row_extremum(const float (&s)[NT * 4], int half
 // Online softmax of one key tile for this thread's two rows, base 2 with the scale folded into
 // the exponent: the row maxima the exponentials are taken against (moved only past
 // kRescaleSlack), alpha = the factor O is rescaled by (1 where the maximum stays),
-// P = exp2(s * scale_log2 - max) in place of the scores, and the running row sums. POSITIVE is
-// the scale's sign: with a positive scale the largest scaled score comes from the largest raw
-// one, with a negative one from the smallest (and masked scores are +inf). The caller branches
-// on the sign once (consume: the branch's arms also hold the wgmma wait's ordering).
+// P = exp2(s * scale_log2 - max) in place of the scores, and the running row sums. With a
+// positive scale the largest scaled score comes from the largest raw one; with a negative one
+// from the smallest (and masked scores are +inf). The two extremum trees are separate branches
+// on a warp-uniform flag, so a thread runs one of them, not both predicated.
 template <int NT>
 struct OnlineSoftmax {
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.0f, 0.0f};
 
-  template <bool POSITIVE>
-  static constexpr float kMasked = POSITIVE ? -INFINITY : INFINITY;
-
-  template <bool POSITIVE>
-  __device__ __forceinline__ void step(float (&s)[NT * 4], float scale_log2, float (&alpha)[2]) {
+  static __device__ __forceinline__ float masked(bool positive_scale) {
+    return positive_scale ? -INFINITY : INFINITY;
+  }
+  __device__ __forceinline__ void step(float (&s)[NT * 4], float scale_log2, bool positive_scale,
+                                       float (&alpha)[2]) {
     float ext[2];
+    if (positive_scale) {
 #pragma unroll
-    for (int half = 0; half < 2; ++half) ext[half] = row_extremum<NT, POSITIVE>(s, half);
+      for (int half = 0; half < 2; ++half) ext[half] = row_extremum<NT, true>(s, half);
+    } else {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) ext[half] = row_extremum<NT, false>(s, half);
+    }
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const float tile_max = quad_max(ext[half] * scale_log2);
@@ -462,257 +466,135 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
     }
     unreleased_slot = -1;
   };
-  // One work tile as this group walks it: its key tiles, this thread's two rows (and their
-  // documents), its Q slot.
-  using Tiles = KeyTiles<BM, BN, P.table_tiles(), SEG>;
-  struct TileView {
-    WorkTile w;
-    Tiles tiles;
-    int rows[2];
-    int qid[2];
-    const int32_t* seg_row;
-    int q_slot;
-    uint64_t q_tile;  // this group's rows of the Q slot
-  };
-  auto view = [&](int t, int local, int q_slot) {
-    const WorkTile w = a.order.at(t);
-    const Tiles tiles(p, w, s.table_ids(local & 1), s.table_covers(local & 1), false);
-    const int32_t* seg_row = SEG ? p.segment_ids + int64_t{w.batch} * S : nullptr;
-    const int r0 = tiles.q0 + P.group_row(g) + warp * 16 + lane / 4;
-    TileView v{
-        w, tiles, {r0, r0 + 8}, {0, 0}, seg_row, q_slot, advance(q_desc, q_slot * kQSlotBytes)};
-    if (SEG) {
-      v.qid[0] = r0 < S ? seg_row[r0] : -1;
-      v.qid[1] = r0 + 8 < S ? seg_row[r0 + 8] : -1;
-    }
-    return v;
-  };
-
-  float o[DT * 4];
-  auto clear_output = [&] {
-#pragma unroll
-    for (int i = 0; i < DT * 4; ++i) o[i] = 0.0f;
-  };
-  // P of the key tiles whose products with V wait: TmaForwardPlan::p_tiles() register tiles.
-  constexpr int PT = P.p_tiles(SEG);
-  using PTile = uint32_t[BN / 16][4];
-  PTile pa[PT];
-  float sc[NT * 4];
-
-  // The pieces of one key tile. S = Q K^T of ring slot `slot` (both K-major; a 16-column
-  // step moves 32 bytes along a panel row).
-  auto issue_scores = [&](uint64_t q_tile, int slot) {
-    const uint64_t k_slot = advance(k_desc, slot * kSlotBytes);
-#pragma unroll
-    for (int kd = 0; kd < D / 16; ++kd) {
-      const uint32_t col = (kd % 4) * 32;
-      mma_ss<BN, 0, 0>(sc, advance(q_tile, (kd / 4) * QR * kPanelRowBytes + col),
-                       advance(k_slot, (kd / 4) * BN * kPanelRowBytes + col), kd > 0);
-    }
-    wg_commit();
-  };
-  // O += P V of ring slot `slot`: P from the register tile `pt`, V MN-major (its rows are the
-  // keys).
-  auto issue_pv = [&](int slot, const PTile& pt) {
-    const uint64_t v_slot = advance(v_desc, slot * kSlotBytes);
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      mma_rs<D, 1>(o, pt[kk], advance(v_slot, kk * 16 * kPanelRowBytes));
-    }
-    wg_commit();
-  };
-  // Mask (where a boundary cuts the tile) and online softmax of the scores of key tile kb of
-  // work tile `v`, then, with CONVERT, P into the register tile `pt`. All of it runs in the
-  // arms of one branch on the scale's sign: ptxas moves a wgmma wait to the top of its basic
-  // block, so the P V wait that follows this step in the steady loop, in the block of the
-  // softmax's exponentials, ran before them (the SASS of every plan had its WARPGROUP.DEPBAR
-  // above every MUFU.EX2); a block boundary keeps it below.
-  auto softmax_step = [&](const TileView& v, OnlineSoftmax<NT>& sm, int kb, float(&alpha)[2],
-                          PTile& pt, auto convert) {
-    auto arm = [&](auto positive) {
-      constexpr bool kPositive = decltype(positive)::value;
-      if (v.tiles.masked(kb)) {
-        mask_tile<NT, SEG>(sc, p, v.rows, v.qid, v.seg_row,
-                           SEG ? v.tiles.key_segment(kb) : UniformSegment{true, 0}, kb * BN, lane,
-                           OnlineSoftmax<NT>::template kMasked<kPositive>);
-      }
-      sm.template step<kPositive>(sc, p.scale_log2, alpha);
-      if constexpr (decltype(convert)::value) {
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) acc_to_a(pt[kk], sc, kk);
-      }
-    };
-    if (positive_scale) {
-      arm(std::true_type{});
-    } else {
-      arm(std::false_type{});
-    }
-  };
-  auto convert_p = [&](PTile& pt) {
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) acc_to_a(pt[kk], sc, kk);
-  };
-  auto pin_operands = [&] {
-    pin(o);
-#pragma unroll
-    for (int t = 0; t < PT; ++t) pin(pa[t]);
-  };
-  auto begin_turn = [&] {
-    if (P.pingpong) named_sync(turn_barrier(g), 256);
-    pin_operands();
-    wg_fence();
-  };
-  auto end_turn = [&] {
-    if (P.pingpong) named_arrive(turn_barrier(next_group), 256);
-  };
-
-  // The hand-off between work tiles (below) needs the next tile's Q in the other slot: every
-  // plan but head dim 256's two-stage ones.
-  constexpr bool kHandsOff = Smem<PLAN>::kQSlots == 2;
   RingPosition<Smem<PLAN>::kQSlots> q_ring;
   RingPosition<P.stages> ring;
-  RingPosition<P.stages> prev;  // the slot whose V the next P V reads
-  int local = 0, step = 0;      // as the producer walks: work tiles, and the walk of the deal
-  int t = a.order.next_tile(step, blockIdx.x, gridDim.x);
-  OnlineSoftmax<NT> softmax;
-  clear_output();
-  int kb = 0;
-  // Whether the work tile's first key tile went out with the last one's last P V (below),
-  // and which P tile holds the P that the next P V reads.
-  bool started = false, second_holds = false;
-  while (t >= 0) {
-    // The view is made again in each iteration, not carried over from the hand-off's: values
-    // made from the tile's index can be recomputed by the compiler where a carried view would
-    // hold registers through the whole loop.
-    const TileView cur = view(t, local, q_ring.slot);
-    if (!started) {
-      // This tile's Q goes into the slot of the tile before last: if that slot still waits
-      // for its store (the last tile had no key tile to release it under), release it now.
-      if (unreleased_slot == cur.q_slot) release_stored_slot();
-      mbar_wait(s.q_full(cur.q_slot), q_ring.parity);
-      kb = cur.tiles.next_visible(cur.tiles.begin);
-      prev = ring;
-      if (kb < cur.tiles.end) {  // the first key tile: its scores alone
-        mbar_wait(s.k_full(ring.slot), ring.parity);
-        begin_turn();
-        issue_scores(cur.q_tile, ring.slot);
-        end_turn();
-        release_stored_slot();  // the previous tile's store has had its products' time
-        wg_wait<0>();
-        pin(sc);
-        release(s.k_empty(ring.slot));
-        float alpha[2];
-        softmax_step(cur, softmax, kb, alpha, pa[0], std::true_type{});
-        second_holds = false;
-        prev = ring;
-        ring.advance();
-        kb = cur.tiles.next_visible(kb + 1);
-      }
+  for (int local = 0, step = 0;; ++local, ++step) {  // as the producer walks
+    const int t = a.order.next_tile(step, blockIdx.x, gridDim.x);
+    if (t < 0) break;
+    const WorkTile w = a.order.at(t);
+    const KeyTiles<BM, BN, P.table_tiles(), SEG> tiles(p, w, s.table_ids(local & 1),
+                                                       s.table_covers(local & 1), false);
+    const int32_t* seg_row = SEG ? p.segment_ids + int64_t{w.batch} * S : nullptr;
+    // This thread's two rows.
+    const int rows[2] = {tiles.q0 + P.group_row(g) + warp * 16 + lane / 4,
+                         tiles.q0 + P.group_row(g) + warp * 16 + lane / 4 + 8};
+    int qid[2] = {0, 0};
+    if (SEG) {
+      qid[0] = rows[0] < S ? seg_row[rows[0]] : -1;
+      qid[1] = rows[1] < S ? seg_row[rows[1]] : -1;
     }
-    // S of key tile kb of work tile `v` and P_{j-1} V_{j-1} issued together, the softmax of S
-    // while P V runs (each path that issues products also waits for them: one wait after two
-    // paths serialised every product, ptxas C7515). P_{j-1} is in `held`; the new P goes into
-    // `next`, under the product where they are two tiles, after its wait where they are one.
-    auto paired_step = [&](const TileView& v, OnlineSoftmax<NT>& sm, int kb_of_scores,
-                           float(&alpha)[2], PTile& held, PTile& next) {
+    float o[DT * 4];
+#pragma unroll
+    for (int i = 0; i < DT * 4; ++i) o[i] = 0.0f;
+    OnlineSoftmax<NT> softmax;
+    uint32_t pa[BN / 16][4];  // P of the previous key tile, waiting for its product with V
+    const int q_slot = q_ring.slot;
+    const uint64_t q_tile = advance(q_desc, q_slot * kQSlotBytes);
+    // This tile's Q goes into the slot of the tile before last: if that slot still waits for
+    // its store (the last tile had no key tile to release it under), release it now.
+    if (unreleased_slot == q_slot) release_stored_slot();
+    mbar_wait(s.q_full(q_slot), q_ring.parity);
+
+    // The pieces of one key tile. S = Q K^T of ring slot `slot` (both K-major; a 16-column
+    // step moves 32 bytes along a panel row).
+    float sc[NT * 4];
+    auto issue_scores = [&](int slot) {
+      const uint64_t k_slot = advance(k_desc, slot * kSlotBytes);
+#pragma unroll
+      for (int kd = 0; kd < D / 16; ++kd) {
+        const uint32_t col = (kd % 4) * 32;
+        mma_ss<BN, 0, 0>(sc, advance(q_tile, (kd / 4) * QR * kPanelRowBytes + col),
+                         advance(k_slot, (kd / 4) * BN * kPanelRowBytes + col), kd > 0);
+      }
+      wg_commit();
+    };
+    // O += P V of ring slot `slot`: P from registers, V MN-major (its rows are the keys).
+    auto issue_pv = [&](int slot) {
+      const uint64_t v_slot = advance(v_desc, slot * kSlotBytes);
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        mma_rs<D, 1>(o, pa[kk], advance(v_slot, kk * 16 * kPanelRowBytes));
+      }
+      wg_commit();
+    };
+    // Mask (where a boundary cuts the tile) and online softmax of the scores of key tile kb.
+    auto softmax_step = [&](int kb, float(&alpha)[2]) {
+      const int k0 = kb * BN;
+      if (tiles.masked(kb)) {
+        mask_tile<NT, SEG>(sc, p, rows, qid, seg_row,
+                           SEG ? tiles.key_segment(kb) : UniformSegment{true, 0}, k0, lane,
+                           OnlineSoftmax<NT>::masked(positive_scale));
+      }
+      softmax.step(sc, p.scale_log2, positive_scale, alpha);
+    };
+    auto begin_turn = [&] {
+      if (P.pingpong) named_sync(turn_barrier(g), 256);
+      pin(o);
+      pin(pa);
+      wg_fence();
+    };
+    auto end_turn = [&] {
+      if (P.pingpong) named_arrive(turn_barrier(next_group), 256);
+    };
+
+    int kb = tiles.next_visible(tiles.begin);
+    RingPosition<P.stages> prev = ring;  // the slot whose V the next P V reads
+    if (kb < tiles.end) {                // the first key tile: its scores alone
+      mbar_wait(s.k_full(ring.slot), ring.parity);
+      begin_turn();
+      issue_scores(ring.slot);
+      end_turn();
+      release_stored_slot();  // the previous tile's store has had its products' time to read
+      wg_wait<0>();
+      pin(sc);
+      release(s.k_empty(ring.slot));
+      float alpha[2];
+      softmax_step(kb, alpha);
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) acc_to_a(pa[kk], sc, kk);
+      prev = ring;
+      ring.advance();
+      kb = tiles.next_visible(kb + 1);
+    }
+    // Steady state: S_j and P_{j-1} V_{j-1} issued together, the softmax of S_j while P V runs.
+    for (; kb < tiles.end; kb = tiles.next_visible(kb + 1)) {
       mbar_wait(s.k_full(ring.slot), ring.parity);
       mbar_wait(s.v_full(prev.slot), prev.parity);
       begin_turn();
-      issue_scores(v.q_tile, ring.slot);
-      issue_pv(prev.slot, held);
+      issue_scores(ring.slot);
+      issue_pv(prev.slot);
       end_turn();
-      release_stored_slot();  // after a hand-off, the last tile's (its store came after)
       wg_wait<1>();
       pin(sc);
       release(s.k_empty(ring.slot));
-      softmax_step(v, sm, kb_of_scores, alpha, next, std::bool_constant<PT == 2>{});
+      float alpha[2];
+      softmax_step(kb, alpha);
       wg_wait<0>();
-      pin_operands();
+      pin(o);
+      pin(pa);
       release(s.v_empty(prev.slot));
-      if constexpr (PT == 1) convert_p(next);
-    };
-    // With two P tiles the steps alternate them (register arrays take constant indices).
-    auto alternating = [&](auto&& step_with) {
-      if (PT == 1 || !second_holds) {
-        step_with(pa[0], pa[PT - 1]);
-      } else {
-        step_with(pa[PT - 1], pa[0]);
-      }
-      second_holds = PT == 2 && !second_holds;
-    };
-    while (kb < cur.tiles.end) {  // the steady key tiles
-      alternating([&](PTile& held, PTile& next) {
-        float alpha[2];
-        paired_step(cur, softmax, kb, alpha, held, next);
-        rescale<DT>(o, alpha);
-      });
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) acc_to_a(pa[kk], sc, kk);
+      rescale<DT>(o, alpha);
       prev = ring;
       ring.advance();
-      kb = cur.tiles.next_visible(kb + 1);
     }
-    const bool pv_pending = prev.slot != ring.slot || prev.parity != ring.parity;
-    int step_next = step + 1;  // next_tile moves it past the deal's empty places
-    const int t_next = a.order.next_tile(step_next, blockIdx.x, gridDim.x);
-
-    // The hand-off: the next work tile's first S goes out with this tile's last P V, its
-    // softmax runs under that product, and this tile's epilogue follows, so that no product
-    // runs alone at a work tile's end (kHandsOff).
-    bool handed = false;
-    if constexpr (kHandsOff) {
-      if (pv_pending && t_next >= 0) {
-        RingPosition<2> q_next = q_ring;
-        q_next.advance();
-        const TileView next = view(t_next, local + 1, q_next.slot);
-        if (unreleased_slot == next.q_slot) release_stored_slot();
-        mbar_wait(s.q_full(next.q_slot), q_next.parity);
-        const int kb_next = next.tiles.next_visible(next.tiles.begin);
-        if (kb_next < next.tiles.end) {
-          OnlineSoftmax<NT> next_softmax;
-          alternating([&](PTile& held, PTile& first) {
-            float alpha[2];  // the next tile's first: O starts at zero
-            paired_step(next, next_softmax, kb_next, alpha, held, first);
-          });
-          // This group's products are done with its Q rows: the output goes over them.
-          store_output<PLAN, NT>(a, s, cur.q_slot, g, cur.w, cur.tiles.q0, o, softmax);
-          unreleased_slot = cur.q_slot;
-          clear_output();
-          softmax = next_softmax;
-          prev = ring;
-          ring.advance();
-          kb = next.tiles.next_visible(kb_next + 1);
-          handed = true;
-        }
-      }
+    if (prev.slot != ring.slot || prev.parity != ring.parity) {  // the last tile's P V
+      mbar_wait(s.v_full(prev.slot), prev.parity);
+      begin_turn();
+      issue_pv(prev.slot);
+      end_turn();
+      wg_wait<0>();
+      pin(o);
+      pin(pa);
+      release(s.v_empty(prev.slot));
     }
-    if (!handed) {
-      if (pv_pending) {  // the last key tile's P V alone
-        mbar_wait(s.v_full(prev.slot), prev.parity);
-        auto last_pv = [&](const PTile& held) {
-          begin_turn();
-          issue_pv(prev.slot, held);
-          end_turn();
-          wg_wait<0>();
-          pin_operands();
-        };
-        if (second_holds) {
-          last_pv(pa[PT - 1]);
-        } else {
-          last_pv(pa[0]);
-        }
-        release(s.v_empty(prev.slot));
-      }
-      store_output<PLAN, NT>(a, s, cur.q_slot, g, cur.w, cur.tiles.q0, o, softmax);
-      release_stored_slot();  // only when this tile had no key tile to release it under
-      unreleased_slot = cur.q_slot;
-      if constexpr (Smem<PLAN>::kQSlots == 1) release_stored_slot();
-      clear_output();
-      softmax = OnlineSoftmax<NT>{};
-    }
+    // This group's products are done with its Q rows: the output goes over them.
+    store_output<PLAN, NT>(a, s, q_slot, g, w, tiles.q0, o, softmax);
+    release_stored_slot();  // only when this tile had no key tile to release it under
+    unreleased_slot = q_slot;
+    if constexpr (Smem<PLAN>::kQSlots == 1) release_stored_slot();
     q_ring.advance();
-    ++local;
-    step = step_next;
-    t = t_next;
-    started = handed;
   }
   if (tid == 0) tma_store_wait_all();
 }
