@@ -228,9 +228,10 @@ TEST_F(CudaFlashTest, TmaBackwardGroupsOfPairsCoverEveryKeyBlock) {
 
 // Blocks that walk several work tiles: each tile's Q slot, softmax state and output store are
 // reused by the next, and a tile whose keys the mask hides entirely, or the last tile of a
-// block, ends alone. 8 x 8 heads of 1000 positions (a partial last query
-// tile) are several tiles a block at every plan; each mask alone and all together, and a
-// negative scale (the other arm of the softmax), at every head dim.
+// block, ends alone. 8 x 8 heads of 600 positions (a partial last query tile) are two or more
+// tiles a block at the 128- and 192-row plans and 1.6 or more at the 64-row ones (two or three
+// blocks an SM); dense, every mask together, and a negative scale (the other branch of the
+// softmax), at every head dim. (At 1000 positions and six cases it took 113 s of an H100 call.)
 TEST_F(CudaFlashTest, TmaForwardBlocksOfSeveralWorkTilesMatchNaiveFp32) {
   struct MaskCase {
     const char* name;
@@ -239,17 +240,16 @@ TEST_F(CudaFlashTest, TmaForwardBlocksOfSeveralWorkTilesMatchNaiveFp32) {
     bool segments;
     double scale;  // 0: 1 / sqrt(D)
   };
-  const MaskCase cases[] = {
-      {"dense", false, 0, false, 0.0},    {"causal", true, 0, false, 0.0},
-      {"window", false, 150, false, 0.0}, {"documents", false, 0, true, 0.0},
-      {"all", true, 150, true, 0.0},      {"causal, negative scale", true, 0, false, -0.1}};
+  const MaskCase cases[] = {{"dense", false, 0, false, 0.0},
+                            {"all", true, 150, true, 0.0},
+                            {"causal, negative scale", true, 0, false, -0.1}};
   for (const int64_t head_dim : {64, 128, 256}) {
     for (const MaskCase& c : cases) {
       Mask mask;
       mask.causal = c.causal;
       mask.window = c.window;
       mask.has_segments = c.segments;
-      Inputs in = make_inputs({8, 1000, 8, 2, head_dim}, mask, DType::bf16, 41);
+      Inputs in = make_inputs({8, 600, 8, 2, head_dim}, mask, DType::bf16, 41);
       in.problem.scale = c.scale;
       check_against_naive_fp32(ft::str("several tiles a block d", head_dim, " ", c.name), in,
                                configs_under_test(in.problem));
