@@ -13,6 +13,10 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHTRAIN_CUDA=ON
 # packed); JOBS caps ninja's parallel jobs (default: ninja's own).
 binaries="${BINARIES:-flashtrain test_core test_nn test_attention test_models test_dist test_train \
   test_apps test_sweep bench_attention_gpu}"
+# The test binaries' CLI tests run the carried flashtrain (build-gpu/flashtrain): it goes along.
+case " $binaries " in
+  *" test_"*) case " $binaries " in *" flashtrain "*) ;; *) binaries="flashtrain $binaries" ;; esac ;;
+esac
 # shellcheck disable=SC2086  # the names are words
 ninja -C build-gpu ${JOBS:+-j "$JOBS"} $binaries
 rm -rf build-gpu/carry
