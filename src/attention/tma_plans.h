@@ -307,20 +307,36 @@ struct TmaBackwardPlan {
                ? 248
                : (kSm90RegistersPerSm / threads()) / 8 * 8;
   }
-  // The producer warpgroup (copies, lse and D, the dQ writer) runs on 24 registers.
-  constexpr int producer_registers() const { return 24; }
-  constexpr int consumer_registers() const {
-    const int r = ((launch_registers() * threads() - 128 * producer_registers()) /
+  // The producer warpgroup (copies, lse and D, the dQ writer) runs on 24 registers, and the
+  // consumers take the rest. With segment ids, beside two groups of 64-query steps, it takes 40
+  // and the consumers 232: at 24 the producer's loop reloaded about a dozen values a step from
+  // local memory and the consumers' masked path spilled too (head dim 128: 196 bytes), at 40
+  // ptxas spills 68 bytes there, none at head dims 64 and 256, and window + documents ran 4%
+  // faster. Without segment ids the consumers keep 240: at 232 the hero backward ran 1.4%
+  // slower with no spill at all (docs/PERF.md, session 48).
+  constexpr bool producer_takes_40(bool segments) const {
+    return segments && consumer_groups() == 2 && group_queries() <= 64;
+  }
+  constexpr int producer_registers(bool segments) const {
+    return producer_takes_40(segments) ? 40 : 24;
+  }
+  constexpr int consumer_registers(bool segments) const {
+    const int r = ((launch_registers() * threads() - 128 * producer_registers(segments)) /
                    (128 * consumer_groups())) /
                   8 * 8;
     return r > 240 ? 240 : r;
+  }
+  // The fewer of the two: what the accumulators must fit in.
+  constexpr int least_consumer_registers() const {
+    const int dense = consumer_registers(false), segments = consumer_registers(true);
+    return dense < segments ? dense : segments;
   }
 
   // A step's lse and D values go into registers before its products are issued (so that their
   // shared-memory loads do not queue behind the products' operand reads) where a consumer has
   // the registers for them (not beside the 128-query steps' S^T and dP^T: 128 floats).
   constexpr bool reads_rows_early() const {
-    return consumer_registers() >= 240 && group_queries() <= 64;
+    return consumer_registers(false) >= 240 && group_queries() <= 64;
   }
 
   constexpr bool operator==(const TmaBackwardPlan& o) const {
@@ -360,7 +376,7 @@ constexpr const char* tma_backward_plan_defect(const TmaBackwardPlan& p) {
   // (ptxas, 64x192 at head dim 64: 160 registers, one loop-invariant value spilled and reloaded
   // once per step).
   const int scores = 2 * (p.group_queries() / 2), dq = p.dq_columns() / 2;
-  if (p.group_columns() + (scores > dq ? scores : dq) + 32 > p.consumer_registers()) {
+  if (p.group_columns() + (scores > dq ? scores : dq) + 32 > p.least_consumer_registers()) {
     return "accumulators exceed the consumer registers";
   }
   return nullptr;

@@ -241,7 +241,24 @@ TEST(KernelConfig, TmaBackwardDqSplits) {
     EXPECT_EQ(p.dq_tile_bytes(), 64 * p.dq_columns() * 4);
   }
   EXPECT_EQ(rows.dq_slots(), 1);
-  EXPECT_EQ(rows.consumer_registers(), 240);
+  EXPECT_EQ(rows.consumer_registers(false), 240);
+  EXPECT_EQ(rows.consumer_registers(true), 240);
+  // With segment ids the 64-query plans of two groups give the producer 40 registers and
+  // their consumers 232; without, and in the 128-query plan, 24 and 240.
+  EXPECT_EQ(cols.producer_registers(true), 40);
+  EXPECT_EQ(cols.consumer_registers(true), 232);
+  EXPECT_EQ(cols.producer_registers(false), 24);
+  EXPECT_EQ(cols.consumer_registers(false), 240);
+  EXPECT_EQ(rows.producer_registers(true), 24);
+  for (const TmaBackwardPlan& p : kTmaBackwardPlans) {
+    for (const bool segments : {false, true}) {
+      EXPECT_LE(128 * (p.producer_registers(segments) +
+                       p.consumer_groups() * p.consumer_registers(segments)),
+                p.launch_registers() * p.threads())
+          << p.head_dim << " " << p.block_m << "x" << p.block_n << " segments " << segments
+          << ": setmaxnreg would wait for registers the block does not have";
+    }
+  }
   EXPECT_FALSE(rows.reads_rows_early());
   EXPECT_TRUE(cols.reads_rows_early());
   EXPECT_EQ(tma_backward_plan_defect(rows), nullptr);

@@ -926,11 +926,11 @@ __global__ void __launch_bounds__(kTmaBackwardPlans[PLAN].threads(), 1)
   __syncthreads();
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
   if (warpgroup == 0) {
-    release_registers<P.producer_registers()>();
+    release_registers<P.producer_registers(SEG)>();
     if (threadIdx.x < 32) produce<PLAN, SEG>(args, s);
     if (threadIdx.x == 32) write_dq<PLAN>(args, s);
   } else {
-    claim_registers<P.consumer_registers()>();
+    claim_registers<P.consumer_registers(SEG)>();
     if constexpr (P.head_parts() > 1) {
       consume_head_part<PLAN, SEG>(args, s, warpgroup - 1);
     } else {
