@@ -383,10 +383,47 @@ __device__ __forceinline__ SegmentChunk query_span(const SegmentRows& seg, int q
   return seg.chunks != nullptr ? combine_chunks(seg.chunks, q0, q1) : SegmentChunk{};
 }
 
+// What a forward or dQ block knows of its query block. The grid is (query tiles, query heads,
+// batch), the query tiles last-first: under causal masks the last ones see the most keys and
+// should start early.
+struct QueryBlock {
+  int q0, q1, h, b;
+  SegmentRows seg;
+  SegmentChunk q_span;
+};
+
+template <class T>
+__device__ __forceinline__ QueryBlock query_block(const FlashParams& p) {
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * T::kBlockQ, q1 = min(q0 + T::kBlockQ, p.seq_len);
+  const int h = blockIdx.y, b = blockIdx.z;
+  const SegmentRows seg = segment_rows(p, b);
+  return {q0, q1, h, b, seg, query_span(seg, q0, q1)};
+}
+
+// The K and V rows that query head h of batch row b reads.
+struct KvRows {
+  HeadRows k, v;
+};
+
+__device__ __forceinline__ KvRows kv_rows(const FlashParams& p, int b, int h) {
+  const int kv = h / p.group();
+  return {head_rows(p.k, p, p.kv_heads, b, kv), head_rows(p.v, p, p.kv_heads, b, kv)};
+}
+
+// Key tile k0's K and V into shared memory once every thread is done with the previous tile's
+// (and with what the block staged beside them from it: P, dS).
+template <class T>
+__device__ __forceinline__ void load_key_tile(const KvRows& rows, int k0, int S, int D,
+                                              float* k_tile, float* v_tile) {
+  __syncthreads();
+  load_tile<T::kBlockK, T::kStride>(k_tile, rows.k, k0, S, D);
+  load_tile<T::kBlockK, T::kStride>(v_tile, rows.v, k0, S, D);
+  __syncthreads();
+}
+
 // ---- kernels ----
 
-// grid (query tiles, query heads, batch). Query tiles run last-first: under causal masks the
-// last ones see the most keys and should start early.
+// grid (query tiles, query heads, batch), last tiles first (query_block).
 template <class T>
 __global__ void __launch_bounds__(kThreads, T::kMinBlocks)
     flash_fp32_forward_kernel(const __grid_constant__ FlashParams p) {
@@ -400,12 +437,8 @@ __global__ void __launch_bounds__(kThreads, T::kMinBlocks)
   float* p_tile = smem + Smem::probs;
 
   const int S = p.seq_len, D = p.head_dim;
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * T::kBlockQ, q1 = min(q0 + T::kBlockQ, S);
-  const int h = blockIdx.y, b = blockIdx.z, kv = h / p.group();
-  const SegmentRows seg = segment_rows(p, b);
-  const SegmentChunk q_span = query_span(seg, q0, q1);
-  const HeadRows k_rows = head_rows(p.k, p, p.kv_heads, b, kv);
-  const HeadRows v_rows = head_rows(p.v, p, p.kv_heads, b, kv);
+  const auto [q0, q1, h, b, seg, q_span] = query_block<T>(p);
+  const KvRows kv = kv_rows(p, b, h);
   int qid[T::kRows];
   query_ids(seg.ids, q0 + thread_row() * T::kRows, S, qid);
 
@@ -423,11 +456,7 @@ __global__ void __launch_bounds__(kThreads, T::kMinBlocks)
   for (int k0 = keys.x / T::kBlockK * T::kBlockK; k0 < keys.y; k0 += T::kBlockK) {
     const Cover cover = classify(p, seg.chunks, q_span, q0, q1, k0, min(k0 + T::kBlockK, S));
     if (cover == Cover::hidden) continue;  // the same for the whole block
-    // The previous tile's reads of K, V and P are done.
-    __syncthreads();
-    load_tile<T::kBlockK, T::kStride>(k_tile, k_rows, k0, S, D);
-    load_tile<T::kBlockK, T::kStride>(v_tile, v_rows, k0, S, D);
-    __syncthreads();
+    load_key_tile<T>(kv, k0, S, D, k_tile, v_tile);
 
     float s[T::kRows][T::kCols];
     score_tile<T>(q_tile, k_tile, D, s);
@@ -589,12 +618,8 @@ __global__ void __launch_bounds__(kThreads, T::kMinBlocks)
   float* ds_tile = smem + Smem::dscores;
 
   const int S = p.seq_len, D = p.head_dim;
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * T::kBlockQ, q1 = min(q0 + T::kBlockQ, S);
-  const int h = blockIdx.y, b = blockIdx.z, kv = h / p.group();
-  const SegmentRows seg = segment_rows(p, b);
-  const SegmentChunk q_span = query_span(seg, q0, q1);
-  const HeadRows k_rows = head_rows(p.k, p, p.kv_heads, b, kv);
-  const HeadRows v_rows = head_rows(p.v, p, p.kv_heads, b, kv);
+  const auto [q0, q1, h, b, seg, q_span] = query_block<T>(p);
+  const KvRows kv = kv_rows(p, b, h);
   const RowStats<T::kRows> st = row_stats<T::kRows>(p, seg.ids, b, h, q0 + thread_row() * T::kRows);
 
   load_tile<T::kBlockQ, T::kStride>(q_tile, head_rows(p.q, p, p.q_heads, b, h), q0, S, D);
@@ -606,11 +631,7 @@ __global__ void __launch_bounds__(kThreads, T::kMinBlocks)
   for (int k0 = keys.x / T::kBlockK * T::kBlockK; k0 < keys.y; k0 += T::kBlockK) {
     const Cover cover = classify(p, seg.chunks, q_span, q0, q1, k0, min(k0 + T::kBlockK, S));
     if (cover == Cover::hidden) continue;  // the same for the whole block
-    // The previous tile's reads of K, V and dS are done.
-    __syncthreads();
-    load_tile<T::kBlockK, T::kStride>(k_tile, k_rows, k0, S, D);
-    load_tile<T::kBlockK, T::kStride>(v_tile, v_rows, k0, S, D);
-    __syncthreads();
+    load_key_tile<T>(kv, k0, S, D, k_tile, v_tile);
 
     float s[T::kRows][T::kCols], dp[T::kRows][T::kCols];
     score_tile<T>(q_tile, k_tile, D, s);
