@@ -311,14 +311,11 @@ struct TmaBackwardPlan {
   // consumers take the rest. With segment ids, beside two groups of 64-query steps, it takes 40
   // and the consumers 232: at 24 the producer's loop reloaded about a dozen values a step from
   // local memory and the consumers' masked path spilled too (head dim 128: 196 bytes), at 40
-  // ptxas spills 68 bytes there, none at head dims 64 and 256, and window + documents ran 4%
+  // ptxas spills 68 bytes there, 8 at head dim 64, none at 256, and window + documents ran 4%
   // faster. Without segment ids the consumers keep 240: at 232 the hero backward ran 1.4%
   // slower with no spill at all (docs/PERF.md, session 48).
-  constexpr bool producer_takes_40(bool segments) const {
-    return segments && consumer_groups() == 2 && group_queries() <= 64;
-  }
   constexpr int producer_registers(bool segments) const {
-    return producer_takes_40(segments) ? 40 : 24;
+    return segments && consumer_groups() == 2 && group_queries() <= 64 ? 40 : 24;
   }
   constexpr int consumer_registers(bool segments) const {
     const int r = ((launch_registers() * threads() - 128 * producer_registers(segments)) /
