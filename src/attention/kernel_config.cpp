@@ -711,9 +711,12 @@ struct DefaultRow {
   int64_t min_seq_len;  // and to sequences at least this long
   int64_t max_seq_len;  // and at most this long (0: no bound; a bounded row never fits length 0)
   const char* config;
+  // and to query heads per kv head a multiple of this (2: a plan of two heads a work tile)
+  int64_t group_multiple = 1;
 };
 
-// Rows are searched in order: the first of the family whose head-dim bound and mask class fit.
+// Rows are searched in order: the first of the family whose head-dim bound, mask class, length
+// range and group multiple fit.
 // sm90, measured on an H200 with bench/attention_gpu.sh and `flashtrain sweep --sweep forward`
 // (docs/PERF.md, "The tma forward", 2026-12-01): dense masks run the tma forward, 128x128 with
 // two ring stages and turns: at B=32 S=4096 Hq=16 Hkv=4 D=128 causal 3.8-3.9 ms (the wgmma
@@ -727,10 +730,12 @@ struct DefaultRow {
 // window 512 + 5 documents 1.852 and 1.851 ms in two rounds of one call beside FlexAttention's
 // 1.989 / 1.986, the wgmma 64x64 forward 1.880 and the 128x128 tma plan 2.05
 // (docs/results/tma_forward_64rows/call2); head dim 64 keeps the wgmma 64x64 forward there (the
-// tma plan unmeasured with those masks). The backward
-// is the tma path's at head dims 64, 128 and 256, measured at 64 and 128 against the other paths
-// (PERF.md, "The tma backward": hero causal 13.2 ms against the
-// wgmma 64x128's 16.9, window + documents 5.09 against 6.06-6.57, llama3-1b at S=32768 34.1
+// tma plan unmeasured with those masks). Where the query heads pair up, the plan of two heads a
+// work tile with four ring stages and no turns (`fwd=64x64/384/tma/s4/nopp`) beat it: window 512
+// + 5 documents 1.424-1.449 ms in four H100 calls against 1.473-1.493 (docs/PERF.md, session 49).
+// The backward is the tma path's at head dims 64, 128 and 256, measured at 64 and 128 against
+// the other paths (PERF.md, "The tma backward": hero causal 13.2 ms against the wgmma 64x128's
+// 16.9, window + documents 5.09 against 6.06-6.57, llama3-1b at S=32768 34.1
 // against 39.0, GPT-2 0.195 against the wgmma 64x64's 0.193-0.196; `flashtrain sweep
 // --all-paths` on the H200 picks these rows at the hero and GPT-2 shapes, docs/SWEEP.md). Head dim
 // 32 keeps the mma.sync rows, the fastest correct of `flashtrain sweep --all-paths` before the
@@ -763,6 +768,7 @@ constexpr DefaultRow kDefaults[] = {
     {"sm90", 128, MaskClass::dense, 0, 0, "fwd=128x128/384/tma/s2/pp bwd=64x128/384/tma"},
     {"sm90", 256, MaskClass::dense, 0, 0, "fwd=128x80/384/tma/s2/pp bwd=64x64/384/tma"},
     {"sm90", 64, MaskClass::local, 0, 0, "fwd=64x64/128/wgmma bwd=64x128/384/tma"},
+    {"sm90", 128, MaskClass::local, 0, 0, "fwd=64x64/384/tma/s4/nopp bwd=64x128/384/tma", 2},
     {"sm90", 128, MaskClass::local, 0, 0, "fwd=64x64/256/tma bwd=64x128/384/tma"},
     {"sm90", 256, MaskClass::local, 0, 0, "fwd=128x64/384/tma/s2/pp bwd=64x64/384/tma"},
     {"sm100", 256, MaskClass::dense, 0, 0, "fwd=128x64/128 bwd=64x128/256/double"},
@@ -785,14 +791,15 @@ const std::vector<KernelConfig>& parsed_defaults() {
 }  // namespace
 
 KernelConfig default_config(const DeviceLimits& device, int64_t head_dim, MaskClass mask_class,
-                            int64_t seq_len) {
+                            int64_t seq_len, int64_t group) {
   const std::string family = arch_family(device.compute_capability);
   const std::vector<KernelConfig>& parsed = parsed_defaults();
   for (size_t i = 0; i < std::size(kDefaults); ++i) {
     const DefaultRow& row = kDefaults[i];
     if (family == row.family && head_dim <= row.max_head_dim && mask_class == row.mask_class &&
         seq_len >= row.min_seq_len &&
-        (row.max_seq_len == 0 || (seq_len > 0 && seq_len <= row.max_seq_len))) {
+        (row.max_seq_len == 0 || (seq_len > 0 && seq_len <= row.max_seq_len)) &&
+        group % row.group_multiple == 0) {
       return parsed[i];
     }
   }
@@ -801,7 +808,8 @@ KernelConfig default_config(const DeviceLimits& device, int64_t head_dim, MaskCl
 
 KernelConfig default_config(const DeviceLimits& device, const Problem& problem) {
   return with_deterministic_backward(
-      default_config(device, problem.head_dim, mask_class_of(problem.mask), problem.seq_len),
+      default_config(device, problem.head_dim, mask_class_of(problem.mask), problem.seq_len,
+                     problem.group_size()),
       device, problem);
 }
 

@@ -215,9 +215,10 @@ KernelConfigChoice choose_kernel_config(const KernelConfigFile* file, const Devi
   c.family = arch_family(device.compute_capability);
   c.file = file;
   c.row = file != nullptr ? file->find(c.family, problem.head_dim, c.mask_class) : nullptr;
-  const KernelConfig base =
-      c.row != nullptr ? c.row->config
-                       : default_config(device, problem.head_dim, c.mask_class, problem.seq_len);
+  const KernelConfig base = c.row != nullptr
+                                ? c.row->config
+                                : default_config(device, problem.head_dim, c.mask_class,
+                                                 problem.seq_len, problem.group_size());
   c.config = with_deterministic_backward(base, device, problem);
   c.deterministic_backward = c.config != base;
   return c;

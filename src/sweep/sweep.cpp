@@ -99,8 +99,9 @@ SweepPlan plan_sweep(const SweepOptions& opt, const std::vector<GpuFacts>& gpus)
   limits.max_smem_per_block = gpus.front().smem_per_block;
   plan.masks = sweep_masks(opt.shape);
   const attention::Problem problem = timed_problem(opt.shape, plan.masks.front());
-  const KernelConfig base = attention::default_config(
-      limits, opt.shape.head_dim, attention::MaskClass::dense, opt.shape.seq_len);
+  const KernelConfig base =
+      attention::default_config(limits, opt.shape.head_dim, attention::MaskClass::dense,
+                                opt.shape.seq_len, opt.shape.q_heads / opt.shape.kv_heads);
   std::vector<BackwardPath> paths = {base.backward_path};
   if (opt.all_paths) paths = attention::all_backward_paths();
   if (!opt.backward_path.empty()) paths = {attention::parse_backward_path(opt.backward_path)};

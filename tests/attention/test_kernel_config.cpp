@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "attention/kernel_config.h"
 #include "attention_test_util.h"
@@ -509,14 +510,18 @@ TEST(KernelConfig, DefaultsDependOnTheMaskClass) {
       << "head dim 32 has no wgmma kernels";
   p.mask.window = 512;
   EXPECT_EQ(mask_class_of(p.mask), MaskClass::local);
-  EXPECT_EQ(default_config(sm90, p).str(), "fwd=64x64/256/tma/s2/nopp bwd=64x128/384/tma");
+  EXPECT_EQ(default_config(sm90, p).str(), "fwd=64x64/384/tma/s4/nopp bwd=64x128/384/tma")
+      << "query heads in pairs: two heads a work tile";
+  EXPECT_EQ(default_config(sm90, 128, MaskClass::local).str(),
+            "fwd=64x64/256/tma/s2/nopp bwd=64x128/384/tma")
+      << "no group given: the one-head plan";
   EXPECT_EQ(default_config(sm90, 64, MaskClass::local).str(),
             "fwd=64x64/128/wgmma bwd=64x128/384/tma");
   EXPECT_EQ(default_config(sm90, 256, MaskClass::local).str(),
             "fwd=128x64/384/tma/s2/pp bwd=64x64/384/tma");
   p.mask.window = 0;
   p.mask.has_segments = true;
-  EXPECT_EQ(default_config(sm90, p), default_config(sm90, 128, MaskClass::local));
+  EXPECT_EQ(default_config(sm90, p), default_config(sm90, 128, MaskClass::local, 0, 4));
   EXPECT_EQ(arch_family(89), "sm86");
   EXPECT_EQ(arch_family(90), "sm90");
   EXPECT_EQ(arch_family(121), "sm120");
@@ -527,6 +532,33 @@ TEST(KernelConfig, DefaultsDependOnTheMaskClass) {
           << arch << " " << mask_class_name(m);
     }
   }
+}
+
+// sm90 at head dim 128 with a window or documents: two heads a work tile where the query heads of
+// a kv head pair up, one head otherwise (an odd group, or multi-head attention); dense masks and
+// other head dims do not look at the group.
+TEST(KernelConfig, Sm90LocalHeadDim128DefaultsDependOnTheGroup) {
+  const DeviceLimits sm90 = DeviceLimits::for_arch("sm90");
+  Problem p = bf16_problem(128);
+  p.mask.window = 256;
+  for (const auto& [q_heads, kv_heads] : {std::pair{8, 2}, {8, 4}, {16, 8}, {4, 1}}) {
+    p.q_heads = q_heads;
+    p.kv_heads = kv_heads;
+    EXPECT_EQ(default_config(sm90, p).forward_str(), "fwd=64x64/384/tma/s4/nopp")
+        << q_heads << "/" << kv_heads;
+    EXPECT_EQ(can_implement(default_config(sm90, p), p, sm90), "") << q_heads << "/" << kv_heads;
+  }
+  for (const auto& [q_heads, kv_heads] : {std::pair{8, 8}, {12, 4}, {3, 1}}) {
+    p.q_heads = q_heads;
+    p.kv_heads = kv_heads;
+    EXPECT_EQ(default_config(sm90, p).forward_str(), "fwd=64x64/256/tma/s2/nopp")
+        << q_heads << "/" << kv_heads;
+    EXPECT_EQ(can_implement(default_config(sm90, p), p, sm90), "") << q_heads << "/" << kv_heads;
+  }
+  p.mask.window = 0;
+  EXPECT_EQ(default_config(sm90, p), default_config(sm90, 128, MaskClass::dense));
+  EXPECT_EQ(default_config(sm90, 64, MaskClass::local, 0, 2),
+            default_config(sm90, 64, MaskClass::local, 0, 1));
 }
 
 // sm90 at head dim 64 and dense masks: the 64-row plan of one consumer group up to kShortSeqLen,
