@@ -23,8 +23,10 @@ summary() {  # name, exit code, log
 }
 
 limit="${STEP_TIMEOUT:-540}"
-# Small cases; the bf16 test launches every compiled configuration, fp32 its kernels.
-small='*CudaFlashAccuracy.*/s7_h8g2_d32_window3_segments:*CudaFlashAccuracy.*/s64_h8g8_d128_causal_window8_scattered:*CudaFlashAccuracy.*/s64_h2g1_d64_scattered_segments:*CudaFlashAccuracy.*/s64_h1_d256_causal_window1'
+# Small cases; the bf16 test launches every compiled configuration, fp32 its kernels. The
+# 1000-position case with documents is there for the tma forward's producer, which stages the
+# next work tile's table and Q in the middle of a tile longer than its ring.
+small='*CudaFlashAccuracy.*/s7_h8g2_d32_window3_segments:*CudaFlashAccuracy.*/s64_h8g8_d128_causal_window8_scattered:*CudaFlashAccuracy.*/s64_h2g1_d64_scattered_segments:*CudaFlashAccuracy.*/s64_h1_d256_causal_window1:*CudaFlashAccuracy.Bf16WithinTwiceNaiveForEveryConfig/s1000_h8g4_d128_segments'
 for step in ${STEPS:-tests sanitizer bench}; do
   start=$(date +%s)
   case "$step" in
@@ -41,7 +43,17 @@ for step in ${STEPS:-tests sanitizer bench}; do
       for tool in memcheck racecheck synccheck; do
         timeout "$limit" compute-sanitizer --tool "$tool" --error-exitcode 9 "$tests" \
           --gtest_color=no --gtest_filter="$small" >"$out/sanitizer_$tool.log" 2>&1
-        summary "sanitizer $tool" $? "$out/sanitizer_$tool.log"
+        rc=$?
+        # racecheck also reports hazards inside cuBLAS's sm90 GEMMs (nvjet_*, which the naive
+        # reference runs at 1000 positions); only hazards in other kernels fail the step.
+        if [ "$tool" = racecheck ] && [ "$rc" -eq 9 ] &&
+          grep -q '^\[  PASSED  \]' "$out/sanitizer_$tool.log" &&
+          ! grep -A1 'Race reported' "$out/sanitizer_$tool.log" | grep -o 'access at [A-Za-z0-9_]*' |
+          grep -vq 'access at nvjet_'; then
+          echo "racecheck: $(grep -c 'Race reported' "$out/sanitizer_$tool.log") hazards, all in cuBLAS's nvjet kernels"
+          rc=0
+        fi
+        summary "sanitizer $tool" "$rc" "$out/sanitizer_$tool.log"
       done
       ;;
     bench)

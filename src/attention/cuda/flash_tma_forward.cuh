@@ -257,14 +257,10 @@ __device__ __forceinline__ void produce(const TmaForwardArgs& a, const Smem<PLAN
                w.batch);
     }
   };
-  // `local` counts this block's work tiles (the segment tables alternate by it), `step` its
-  // walk through the deal.
-  for (int local = 0, step = 0;; ++local, ++step) {
-    const int t = a.order.next_tile(step, blockIdx.x, gridDim.x);
-    if (t < 0) break;
-    const WorkTile w = a.order.at(t);
-    // The Q slot is free once the work tile that used it has stored its output from it (with
-    // two slots: the one before last, so its segment table is free too).
+  // A work tile's segment table (the block's work tiles alternate between two, by their local
+  // index) and its Q into the next Q slot, once the tile that used the slot has stored its
+  // output from it (with two slots: the tile before last, whose table this one takes).
+  auto stage_q = [&](const WorkTile& w, int local) {
     if (lane == 0) mbar_wait(s.q_empty(q_ring.slot), q_ring.parity ^ 1);
     __syncwarp();
     KeyTiles<P.block_m, P.block_n, P.table_tiles(), SEG> tiles(a.p, w, s.table_ids(local & 1),
@@ -290,12 +286,44 @@ __device__ __forceinline__ void produce(const TmaForwardArgs& a, const Smem<PLAN
       mbar_arrive(q_full);
     }
     q_ring.advance();
+  };
+  // With segment ids and two Q slots the next work tile's table and Q are staged once `stages` +
+  // 1 of this tile's key tiles are asked for: the consumers have then released this tile's first
+  // K and V slot, which they do after releasing the Q slot of the tile before (so the wait for
+  // it is over), and the classification's loads and the copy run under the rest of this tile
+  // instead of after its last key tile has a ring slot (window + documents -10%). With one slot
+  // the next tile's Q waits for this tile's output store; without segment ids (no table to
+  // fill, long tiles) staging early was slower (docs/PERF.md, session 49): both stage the next
+  // tile after the walk.
+  constexpr bool kStageEarly = SEG && Smem<PLAN>::kQSlots > 1;
+  int step = 0;  // the block's walk through the deal
+  int t = a.order.next_tile(step, blockIdx.x, gridDim.x);
+  bool staged = false;  // whether tile t's table and Q were asked for during the tile before
+  for (int local = 0; t >= 0; ++local) {
+    const WorkTile w = a.order.at(t);
+    if (!staged) stage_q(w, local);
+    const KeyTiles<P.block_m, P.block_n, P.table_tiles(), SEG> tiles(
+        a.p, w, s.table_ids(local & 1), s.table_covers(local & 1), false);
+    int next_step = step + 1;
+    int next = -1;
+    if constexpr (kStageEarly) next = a.order.next_tile(next_step, blockIdx.x, gridDim.x);
+    staged = false;
+    int asked = 0;
     for (int kb = tiles.next_visible(tiles.begin); kb < tiles.end;
          kb = tiles.next_visible(kb + 1)) {
       load_kv(&a.k, s.k(kv_ring.slot), s.k_full(kv_ring.slot), s.k_empty(kv_ring.slot), kb, w);
       load_kv(&a.v, s.v(kv_ring.slot), s.v_full(kv_ring.slot), s.v_empty(kv_ring.slot), kb, w);
       kv_ring.advance();
+      if constexpr (kStageEarly) {
+        if (++asked == P.stages + 1 && next >= 0) {
+          stage_q(a.order.at(next), local + 1);
+          staged = true;
+        }
+      }
     }
+    if constexpr (!kStageEarly) next = a.order.next_tile(next_step, blockIdx.x, gridDim.x);
+    step = next_step;
+    t = next;
   }
 }
 
