@@ -331,8 +331,12 @@ void run_impl(const CaseSpec& c, const Problem& p, Impl impl, const std::string&
     try {
       const KernelConfig base = default_config(ctx.limits, p);
       flash_config = text.empty() ? base : KernelConfig::parse(text, base);
-      config_text = flash_config.str() + (p.deterministic ? " deterministic" : "") +
-                    (packed ? " packed" : "");
+      // fp32 flash has fixed kernels (CUDA cores): a configuration names bf16 tiles only, and
+      // the row says so rather than name tiles that did not run.
+      const std::string named = p.dtype != DType::f32 ? flash_config.str()
+                                : text.empty()        ? std::string("fp32 kernels")
+                                               : "fp32 kernels (" + text + " applies to bf16)";
+      config_text = named + (p.deterministic ? " deterministic" : "") + (packed ? " packed" : "");
       config = &flash_config;
     } catch (const std::exception& e) {
       for (const char* dir : {"fwd", "bwd"}) {
