@@ -21,8 +21,9 @@
 //
 // A plan of two heads a work tile (`heads` = 2, 64 query rows) gives its two consumer groups the
 // same 64 positions of two query heads of one GQA group: they read the same K and V tiles, so a
-// 64-row tile's tight cover comes with the 128-row tile's K/V traffic (one stream for two heads)
-// and the groups still take turns. It needs query heads per kv head in pairs.
+// 64-row tile's tight cover comes with the 128-row tile's K/V traffic (one stream for two heads),
+// and one block an SM has room for a deeper K/V ring (four stages) than two one-group blocks
+// have; the groups take turns or not (`pingpong`). It needs query heads per kv head in pairs.
 #pragma once
 
 #include <cstdint>
