@@ -286,6 +286,7 @@ __device__ __forceinline__ void produce(const TmaForwardArgs& a, const Smem<PLAN
       mbar_arrive(q_full);
     }
     q_ring.advance();
+    return tiles;
   };
   // With segment ids and two Q slots the next work tile's table and Q are staged once `stages` +
   // 1 of this tile's key tiles are asked for: the consumers have then released this tile's first
@@ -293,17 +294,21 @@ __device__ __forceinline__ void produce(const TmaForwardArgs& a, const Smem<PLAN
   // it is over), and the classification's loads and the copy run under the rest of this tile
   // instead of after its last key tile has a ring slot (window + documents -10%). With one slot
   // the next tile's Q waits for this tile's output store; without segment ids (no table to
-  // fill, long tiles) staging early was slower (docs/PERF.md, session 49): both stage the next
-  // tile after the walk.
-  constexpr bool kStageEarly = SEG && Smem<PLAN>::kQSlots > 1;
+  // fill, long tiles) staging early was slower (docs/PERF.md, session 49); a producer of fewer
+  // than 56 registers (three consumer groups, three blocks an SM) spills the second table walk
+  // (head dim 64: 36 -> 152 bytes): all of these stage the next tile after the walk.
+  constexpr bool kStageEarly = SEG && Smem<PLAN>::kQSlots > 1 && P.producer_registers() >= 56;
   int step = 0;  // the block's walk through the deal
   int t = a.order.next_tile(step, blockIdx.x, gridDim.x);
   bool staged = false;  // whether tile t's table and Q were asked for during the tile before
   for (int local = 0; t >= 0; ++local) {
     const WorkTile w = a.order.at(t);
-    if (!staged) stage_q(w, local);
-    const KeyTiles<P.block_m, P.block_n, P.table_tiles(), SEG> tiles(
-        a.p, w, s.table_ids(local & 1), s.table_covers(local & 1), false);
+    // The walk's view of the tile: the one its staging made, or (staged during the tile
+    // before) one over the table written then.
+    const KeyTiles<P.block_m, P.block_n, P.table_tiles(), SEG> tiles =
+        staged ? KeyTiles<P.block_m, P.block_n, P.table_tiles(), SEG>(
+                     a.p, w, s.table_ids(local & 1), s.table_covers(local & 1), false)
+               : stage_q(w, local);
     int next_step = step + 1;
     int next = -1;
     if constexpr (kStageEarly) next = a.order.next_tile(next_step, blockIdx.x, gridDim.x);
