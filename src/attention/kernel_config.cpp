@@ -729,10 +729,16 @@ struct DefaultRow {
 // plan of one consumer group (two or three blocks an SM) is the fastest at head dim 128: at
 // window 512 + 5 documents 1.852 and 1.851 ms in two rounds of one call beside FlexAttention's
 // 1.989 / 1.986, the wgmma 64x64 forward 1.880 and the 128x128 tma plan 2.05
-// (docs/results/tma_forward_64rows/call2); head dim 64 keeps the wgmma 64x64 forward there (the
-// tma plan unmeasured with those masks). Where the query heads pair up, the plan of two heads a
-// work tile with four ring stages and no turns (`fwd=64x64/384/tma/s4/nopp`) beat it: window 512
-// + 5 documents 1.424-1.449 ms in four H100 calls against 1.473-1.493 (docs/PERF.md, session 49).
+// (docs/results/tma_forward_64rows/call2). At head dim 64 with those masks the length decides
+// (H100, docs/PERF.md session 50): up to kShortSeqLen the wgmma 64x64 forward (GPT-2's shape
+// with a window of 256 and 4 documents 0.050 ms against the 64-row tma plan's 0.052, 4
+// documents 0.051 against 0.052; a window alone 0.043 against 0.041), from kLongSeqLen on three
+// consumer groups (llama3-1b at S=32768 with 8 documents 2.08 ms against the wgmma forward's
+// 4.72, with a window of 4096 2.26 against 3.59), and between them the 64-row tma plan
+// (llama3-1b's 4 x 2048 with 4 documents 0.132 against 0.142). At head dim 128, where the query
+// heads pair up, the plan of two heads a work tile with four ring stages and no turns
+// (`fwd=64x64/384/tma/s4/nopp`) beat the one-head 64-row plan: window 512 + 5 documents
+// 1.424-1.449 ms in four H100 calls against 1.473-1.493 (docs/PERF.md, session 49).
 // The backward is the tma path's at head dims 64, 128 and 256, measured at 64 and 128 against
 // the other paths (PERF.md, "The tma backward": hero causal 13.2 ms against the wgmma 64x128's
 // 16.9, window + documents 5.09 against 6.06-6.57, llama3-1b at S=32768 34.1
@@ -767,7 +773,9 @@ constexpr DefaultRow kDefaults[] = {
     {"sm90", 64, MaskClass::dense, 0, 0, "fwd=128x128/384/tma/s2/pp bwd=128x128/384/tma"},
     {"sm90", 128, MaskClass::dense, 0, 0, "fwd=128x128/384/tma/s2/pp bwd=64x128/384/tma"},
     {"sm90", 256, MaskClass::dense, 0, 0, "fwd=128x80/384/tma/s2/pp bwd=64x64/384/tma"},
-    {"sm90", 64, MaskClass::local, 0, 0, "fwd=64x64/128/wgmma bwd=64x128/384/tma"},
+    {"sm90", 64, MaskClass::local, kLongSeqLen, 0, "fwd=192x128/512/tma/s2/pp bwd=64x128/384/tma"},
+    {"sm90", 64, MaskClass::local, 0, kShortSeqLen, "fwd=64x64/128/wgmma bwd=64x128/384/tma"},
+    {"sm90", 64, MaskClass::local, 0, 0, "fwd=64x64/256/tma bwd=64x128/384/tma"},
     {"sm90", 128, MaskClass::local, 0, 0, "fwd=64x64/384/tma/s4/nopp bwd=64x128/384/tma", 2},
     {"sm90", 128, MaskClass::local, 0, 0, "fwd=64x64/256/tma bwd=64x128/384/tma"},
     {"sm90", 256, MaskClass::local, 0, 0, "fwd=128x64/384/tma/s2/pp bwd=64x64/384/tma"},

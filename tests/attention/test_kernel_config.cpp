@@ -516,7 +516,8 @@ TEST(KernelConfig, DefaultsDependOnTheMaskClass) {
             "fwd=64x64/256/tma/s2/nopp bwd=64x128/384/tma")
       << "no group given: the one-head plan";
   EXPECT_EQ(default_config(sm90, 64, MaskClass::local).str(),
-            "fwd=64x64/128/wgmma bwd=64x128/384/tma");
+            "fwd=64x64/256/tma/s2/nopp bwd=64x128/384/tma")
+      << "no length given: the rows between kShortSeqLen and kLongSeqLen";
   EXPECT_EQ(default_config(sm90, 256, MaskClass::local).str(),
             "fwd=128x64/384/tma/s2/pp bwd=64x64/384/tma");
   p.mask.window = 0;
@@ -563,8 +564,10 @@ TEST(KernelConfig, Sm90LocalHeadDim128DefaultsDependOnTheGroup) {
 
 // sm90 at head dim 64 and dense masks: the 64-row plan of one consumer group up to kShortSeqLen,
 // three consumer groups (192x128) from kLongSeqLen on (short rows leave too few 192-row work
-// tiles), the 128x128 plan between them and for a length not given (0); other head dims and the
-// local masks do not look at the length.
+// tiles), the 128x128 plan between them and for a length not given (0); with a window or
+// documents the wgmma 64x64 forward up to kShortSeqLen, three consumer groups from kLongSeqLen
+// on and the 64-row tma plan between them and for a length not given; other head dims do not
+// look at the length.
 TEST(KernelConfig, Sm90HeadDim64DefaultsDependOnTheSequenceLength) {
   const DeviceLimits sm90 = DeviceLimits::for_arch("sm90");
   Problem p = bf16_problem(64);
@@ -584,7 +587,17 @@ TEST(KernelConfig, Sm90HeadDim64DefaultsDependOnTheSequenceLength) {
   EXPECT_EQ(default_config(sm90, 64, MaskClass::dense, 32768), default_config(sm90, p));
   EXPECT_EQ(can_implement(default_config(sm90, p), p, sm90), "");
   p.mask.window = 512;
-  EXPECT_EQ(default_config(sm90, p), default_config(sm90, 64, MaskClass::local));
+  EXPECT_EQ(default_config(sm90, p).str(), "fwd=192x128/512/tma/s2/pp bwd=64x128/384/tma");
+  EXPECT_EQ(can_implement(default_config(sm90, p), p, sm90), "");
+  p.seq_len = kShortSeqLen;
+  EXPECT_EQ(default_config(sm90, p).str(), "fwd=64x64/128/wgmma bwd=64x128/384/tma");
+  EXPECT_EQ(can_implement(default_config(sm90, p), p, sm90), "");
+  p.seq_len = kShortSeqLen + 1;
+  EXPECT_EQ(default_config(sm90, p).str(), "fwd=64x64/256/tma/s2/nopp bwd=64x128/384/tma");
+  EXPECT_EQ(can_implement(default_config(sm90, p), p, sm90), "");
+  EXPECT_EQ(default_config(sm90, 64, MaskClass::local), default_config(sm90, p));
+  p.seq_len = kLongSeqLen - 1;
+  EXPECT_EQ(default_config(sm90, 64, MaskClass::local), default_config(sm90, p));
   Problem q = bf16_problem(128);
   q.seq_len = 4 * kLongSeqLen;
   EXPECT_EQ(default_config(sm90, q), default_config(sm90, 128, MaskClass::dense));
