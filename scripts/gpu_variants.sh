@@ -21,7 +21,18 @@ out="${OUT:-gpu-out}/variants"
 mkdir -p "$out"
 CARRY_OPTIONAL=1 source scripts/gpu_env.sh || exit 1
 if [ ! -d build-gpu/variants ]; then
-  tar -C build-gpu -xJf build-gpu/variants.tar.xz || { echo "no build-gpu/variants.tar.xz"; exit 1; }
+  # Unpacked aside and moved into place whole: an archive that fails part way (session 50's was
+  # written by two snapshots at once) must not leave some binaries behind for the next run to
+  # time.
+  rm -rf build-gpu/variants.partial
+  mkdir -p build-gpu/variants.partial
+  if ! tar -C build-gpu/variants.partial -xJf build-gpu/variants.tar.xz; then
+    rm -rf build-gpu/variants.partial
+    echo "build-gpu/variants.tar.xz is missing or does not unpack (scripts/snapshot_variant.sh)"
+    exit 1
+  fi
+  mv build-gpu/variants.partial/variants build-gpu/variants
+  rm -rf build-gpu/variants.partial
 fi
 read -r -a names <<<"${VARIANTS:-$(ls build-gpu/variants | tr '\n' ' ')}"
 extra=()

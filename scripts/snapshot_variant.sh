@@ -24,6 +24,11 @@ else
 fi
 # Versions of one binary differ in a few kernels: xz's largest dictionary (-9e) packs each after
 # the first into little (five variants: 7.5 MB, against 19 MB at the default level).
-tar -C build-gpu -cf - variants | xz "${XZ_LEVEL:--9e}" -T2 >build-gpu/variants.tar.xz
+# Packed into a file of its own, checked, then moved into place: two snapshots at once must not
+# interleave their writes into one archive (session 50's came out corrupt that way).
+pack="$(mktemp build-gpu/variants.tar.xz.XXXXXX)"
+tar -C build-gpu -cf - variants | xz "${XZ_LEVEL:--9e}" -T2 >"$pack"
+xz -t "$pack" || { rm -f "$pack"; echo "the packed variants do not check (xz -t)" >&2; exit 1; }
+mv "$pack" build-gpu/variants.tar.xz
 echo "variant $name from $src; build-gpu/variants.tar.xz: $(du -h build-gpu/variants.tar.xz | cut -f1)" \
   "($(ls build-gpu/variants | tr '\n' ' '))"
