@@ -165,9 +165,12 @@ std::vector<std::string> arch_families();
 // kShortSeqLen, where sm90's head-dim-64 dense row is the 64-row tma forward of one consumer
 // group (docs/PERF.md, "The rescale slack": at 512 and 1024 positions faster than 128x128 at
 // every batch measured, slower at 2048), or from kLongSeqLen on, where it is the 192x128
-// forward ("t9"). seq_len 0 (the default argument) picks among the rows for any length. `group`
-// (query heads per kv head) decides between sm90's local rows at head dim 128: the plan of two
-// heads a work tile where the heads pair up, the one-head plan otherwise.
+// forward ("t9"); sm90's head-dim-64 local rows (a window or documents) split at the same two
+// lengths: the wgmma 64x64 forward up to kShortSeqLen, the 64-row tma plan between, 192x128
+// from kLongSeqLen on (docs/PERF.md, session 50). seq_len 0 (the default argument) picks among
+// the rows for any length. `group` (query heads per kv head) decides between sm90's local rows
+// at head dim 128: the plan of two heads a work tile where the heads pair up, the one-head plan
+// otherwise.
 inline constexpr int64_t kShortSeqLen = 1024;
 inline constexpr int64_t kLongSeqLen = 8192;
 KernelConfig default_config(const DeviceLimits& device, int64_t head_dim,
