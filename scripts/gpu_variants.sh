@@ -14,7 +14,9 @@
 # (fwd, bwd or both; default both), ROUNDS (default 2), ARGS (more bench_attention_gpu flags, as
 # shell words), CONFIGS (kernel configurations separated by ';', timed one after another in each
 # run, their order reversed every other round as the variants' is; one row each), VARIANTS
-# (names, default every one), OUT (default gpu-out/variants).
+# (names, default every one), OUT (default gpu-out/variants). Before the rounds it prints which
+# kernel families of each variant differ from the first variant's (scripts/kernel_hashes.py;
+# "same device code" means the variant's change did not reach its kernels).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 out="${OUT:-gpu-out}/variants"
@@ -39,6 +41,11 @@ extra=()
 eval "extra=(${ARGS:-})"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader |
   tee "$out/gpu.txt"
+# Each variant's kernels by family against the first variant's (scripts/kernel_hashes.py): a
+# variant with the same device code as another cannot differ from it in time.
+hashed=()
+for v in "${names[@]}"; do hashed+=("$v=build-gpu/variants/$v/bench_attention_gpu"); done
+python3 scripts/kernel_hashes.py "${hashed[@]}" | tee "$out/kernels.txt"
 status=0
 for round in $(seq 1 "${ROUNDS:-2}"); do
   order=("${names[@]}")

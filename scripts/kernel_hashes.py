@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Which kernel families differ between builds.
+
+For each binary, a short hash of the machine code of each family of kernels (the `.text.*`
+sections of the cubins that `cuobjdump -xelf all` extracts), one line per binary; then, for each
+binary after the first, the families whose code differs from the first's. Two builds of the same
+kernel source give the same code, so a variant reported as "same device code" runs the same
+kernels as the first and no timing can show its change (session 51 timed two branches whose
+builds had kept main's forward objects).
+
+Usage: scripts/kernel_hashes.py NAME=BINARY [NAME=BINARY ...]
+Families: tma_fwd (tma_forward_kernel), tma_bwd (tma_backward_kernel), wgmma (wgmma_*_kernel),
+mma (flash_forward_kernel, flash_backward_kernel), other (every other kernel).
+Exit 0 (also when cuobjdump is not found: it says so); 2: bad arguments.
+"""
+import glob
+import hashlib
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+FAMILIES = [
+    ("tma_fwd", ("tma_forward_kernel",)),
+    ("tma_bwd", ("tma_backward_kernel",)),
+    ("wgmma", ("wgmma_forward_kernel", "wgmma_backward_kernel")),
+    ("mma", ("flash_forward_kernel", "flash_backward_kernel")),
+]
+
+
+def family_of(function):
+    for family, marks in FAMILIES:
+        if any(mark in function for mark in marks):
+            return family
+    return "other"
+
+
+def text_sections(cubin):
+    """(function, code) for each .text section of a 64-bit little-endian ELF file (a cubin)."""
+    data = open(cubin, "rb").read()
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        raise ValueError(f"{cubin}: not a 64-bit little-endian ELF file")
+    shoff = struct.unpack_from("<Q", data, 0x28)[0]
+    entsize, count, names_index = struct.unpack_from("<HHH", data, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * entsize) for i in range(count)]
+    names_at = headers[names_index][4]
+    for h in headers:
+        start = names_at + h[0]
+        name = data[start:data.index(b"\0", start)].decode()
+        if name.startswith(".text."):
+            yield name[len(".text."):], data[h[4]:h[4] + h[5]]
+
+
+def hashes_of(binary, cuobjdump):
+    digests = {family: hashlib.md5() for family, _ in FAMILIES + [("other", ())]}
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([cuobjdump, "-xelf", "all", os.path.abspath(binary)], cwd=tmp, check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        code = []
+        for cubin in glob.glob(os.path.join(tmp, "*.cubin")):
+            code.extend(text_sections(cubin))
+    seen = set()
+    for function, text in sorted(code):
+        seen.add(family_of(function))
+        digests[family_of(function)].update(function.encode() + b"\0" + text)
+    return {f: (d.hexdigest()[:8] if f in seen else "none") for f, d in digests.items()}
+
+
+def main(args):
+    pairs = [a.split("=", 1) for a in args]
+    if not pairs or any(len(p) != 2 or not p[0] or not os.path.isfile(p[1]) for p in pairs):
+        print("usage: scripts/kernel_hashes.py NAME=BINARY [NAME=BINARY ...] (each BINARY a file)",
+              file=sys.stderr)
+        return 2
+    cuobjdump = shutil.which("cuobjdump") or shutil.which("cuobjdump", path="/usr/local/cuda/bin")
+    if cuobjdump is None:
+        print("kernel hashes: cuobjdump not found, device code not compared")
+        return 0
+    table = {}
+    for name, binary in pairs:
+        table[name] = hashes_of(binary, cuobjdump)
+        print(f"kernel hashes: {name}: " + " ".join(f"{f}={h}" for f, h in table[name].items()))
+    first = pairs[0][0]
+    for name, _ in pairs[1:]:
+        differ = [f for f in table[name] if table[name][f] != table[first][f]]
+        if differ:
+            print(f"kernel hashes: {name} differs from {first} in: {' '.join(differ)}")
+        else:
+            print(f"kernel hashes: WARNING: {name} has the same device code as {first}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
