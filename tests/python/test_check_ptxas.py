@@ -4,14 +4,9 @@ injected arrive in a tma kernel), which are tolerated arrives (the older wgmma k
 tma kernels' register and spill table, and which spills are findings (a tma forward kernel
 without segment ids)."""
 
-import importlib.util
-import os
+import repo_module
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-spec = importlib.util.spec_from_file_location("check_ptxas",
-                                              os.path.join(REPO, "scripts", "check_ptxas.py"))
-check_ptxas = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(check_ptxas)
+check_ptxas = repo_module.load("scripts/check_ptxas.py")
 
 TMA_FWD = "_ZN2ft9attention4cuda10tma_detail18tma_forward_kernelILi6ELb0EEEvNS2_14TmaForwardArgsE"
 TMA_BWD = ("_ZN2ft9attention4cuda14tma_bwd_detail19tma_backward_kernelILi3ELb1EEEvNS2_15"

@@ -2,16 +2,13 @@
 by a stand-in for cuobjdump: which family each kernel belongs to, that the code of a family and
 nothing else moves its hash, that a variant with the same code is flagged, and the errors."""
 
-import importlib.util
 import os
 import stat
 import struct
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-spec = importlib.util.spec_from_file_location("kernel_hashes",
-                                              os.path.join(REPO, "scripts", "kernel_hashes.py"))
-kernel_hashes = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(kernel_hashes)
+import repo_module
+
+kernel_hashes = repo_module.load("scripts/kernel_hashes.py")
 
 TMA_FWD = "_ZN2ft9attention4cuda10tma_detail18tma_forward_kernelILi6ELb0EEEvNS2_14TmaForwardArgsE"
 TMA_BWD = "_ZN2ft9attention4cuda14tma_bwd_detail19tma_backward_kernelILi3ELb1EEEvNS2_15TmaBackwardArgsE"

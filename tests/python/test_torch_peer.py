@@ -4,23 +4,17 @@ annotation (which the profiler links to the range and which spans the range's ke
 counted again, backward ops go to their forward op's row by sequence number, and what no region
 names goes by name pattern. Needs PyTorch (the module imports it); skipped without."""
 
-import importlib.util
-import os
 from types import SimpleNamespace
 
 import pytest
 
-pytest.importorskip("torch")
+import repo_module
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+pytest.importorskip("torch")
 
 
 def load_peer():
-    spec = importlib.util.spec_from_file_location(
-        "torch_peer", os.path.join(REPO, "bench", "torch_peer.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return repo_module.load("bench/torch_peer.py")
 
 
 _clock = [0]
