@@ -546,7 +546,15 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
     if (unreleased_slot == q_slot) release_stored_slot();
     mbar_wait(s.q_full(q_slot), q_ring.parity);
     uint32_t qa[kQRegisters ? D / 16 : 1][4];  // this group's Q rows as A operands
-    if constexpr (kQRegisters) load_q_operands<PLAN>(qa, s.q(q_slot), g, warp, lane);
+    if constexpr (kQRegisters) {
+      // A warp reads its 16 rows of the slot with ldmatrix, and its lanes write O over the same
+      // rows at the end (store_output), in this work tile and in the slot's earlier ones: lanes
+      // other than the ones that read. The warp barriers order the two for every lane (without
+      // them compute-sanitizer's racecheck reports the pairs as intra-warp hazards).
+      __syncwarp();
+      load_q_operands<PLAN>(qa, s.q(q_slot), g, warp, lane);
+      __syncwarp();
+    }
 
     // The pieces of one key tile. S = Q K^T of ring slot `slot` (both K-major; a 16-column
     // step moves 32 bytes along a panel row), Q from registers or from its slot.
