@@ -99,17 +99,19 @@ struct TmaForwardPlan {
     const int r = (kSm90RegistersPerSm / (threads() * blocks)) / 8 * 8;
     return r > 255 ? 248 : r;
   }
-  // The producer's segment classification spills below 56 registers (a few words, outside the
-  // consumers' loop); three consumer groups, or three blocks an SM, leave it less.
-  constexpr int producer_registers_for(int blocks) const {
+  // With segment ids the producer classifies key tiles, which spills below 56 registers (a few
+  // words, outside the consumers' loop); three consumer groups, or three blocks an SM, leave it
+  // less. Without them it only walks key ranges and copies, in 24.
+  constexpr int producer_registers_for(int blocks, bool segments) const {
+    if (!segments) return 24;
     if (consumer_groups() == 3) return 32;
     return blocks >= 3 ? 40 : 56;
   }
-  constexpr int consumer_registers_for(int blocks) const {
-    const int r =
-        ((launch_registers_for(blocks) * threads() - 128 * producer_registers_for(blocks)) /
-         (128 * consumer_groups())) /
-        8 * 8;
+  constexpr int consumer_registers_for(int blocks, bool segments) const {
+    const int r = ((launch_registers_for(blocks) * threads() -
+                    128 * producer_registers_for(blocks, segments)) /
+                   (128 * consumer_groups())) /
+                  8 * 8;
     return r > 256 ? 256 : r;
   }
   // S (block_n / 2 floats), P (block_n / 4 words) and O (head_dim / 2 floats) live at once,
@@ -117,9 +119,13 @@ struct TmaForwardPlan {
   constexpr int accumulator_registers() const {
     return block_n / 2 + block_n / 4 + head_dim / 2 + 32;
   }
+  // A consumer group's 64 rows of Q as the scores' left operand in registers (head_dim / 4 a
+  // thread, loaded once a work tile), where they fit beside the accumulators: S = Q K^T then
+  // reads only K from shared memory.
+  constexpr int q_registers() const { return head_dim / 4; }
   constexpr bool fits(int blocks) const {
     return bytes_with_q_slots(q_slots_for(blocks)) <= smem_limit(blocks) &&
-           accumulator_registers() <= consumer_registers_for(blocks);
+           accumulator_registers() <= consumer_registers_for(blocks, true);
   }
   // One block per SM with two or more consumer groups; with one, the most that fit (1 when
   // none does: tma_plan_defect then refuses the plan).
@@ -133,8 +139,15 @@ struct TmaForwardPlan {
   constexpr int q_slots() const { return q_slots_for(blocks_per_sm()); }
   constexpr int64_t smem_bytes() const { return bytes_with_q_slots(q_slots()); }
   constexpr int launch_registers() const { return launch_registers_for(blocks_per_sm()); }
-  constexpr int producer_registers() const { return producer_registers_for(blocks_per_sm()); }
-  constexpr int consumer_registers() const { return consumer_registers_for(blocks_per_sm()); }
+  constexpr int producer_registers(bool segments) const {
+    return producer_registers_for(blocks_per_sm(), segments);
+  }
+  constexpr int consumer_registers(bool segments) const {
+    return consumer_registers_for(blocks_per_sm(), segments);
+  }
+  constexpr bool q_in_registers(bool segments) const {
+    return accumulator_registers() + q_registers() <= consumer_registers(segments);
+  }
 
   constexpr bool operator==(const TmaForwardPlan& o) const {
     return head_dim == o.head_dim && block_m == o.block_m && block_n == o.block_n &&
@@ -206,7 +219,7 @@ constexpr const char* tma_plan_defect(const TmaForwardPlan& p) {
   if (p.smem_bytes() > TmaForwardPlan::smem_limit(p.blocks_per_sm())) {
     return "shared memory over sm90's limit";
   }
-  if (p.accumulator_registers() > p.consumer_registers()) {
+  if (p.accumulator_registers() > p.consumer_registers(true)) {
     return "accumulators exceed the consumer registers";
   }
   return nullptr;

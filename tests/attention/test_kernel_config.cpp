@@ -144,12 +144,32 @@ TEST(KernelConfig, OneGroupTmaPlansShareTheSm) {
     EXPECT_GE(blocks, 2) << plan.head_dim << " " << plan.block_n;
     EXPECT_LE(blocks * (plan.smem_bytes() + kSm90SmemReservedPerBlock), kSm90SmemPerSm);
     EXPECT_LE(blocks * plan.threads() * plan.launch_registers(), kSm90RegistersPerSm);
-    EXPECT_LE(128 * (plan.producer_registers() + plan.consumer_registers()),
-              plan.launch_registers() * plan.threads())
-        << "setmaxnreg would wait for registers the block does not have";
     EXPECT_FALSE(plan.pingpong);
   }
   EXPECT_GT(shared, 0);
+}
+
+// The register split of every forward plan, with and without segment ids: setmaxnreg never asks
+// for more than the block's share, the producer keeps 24 where it does not classify key tiles,
+// and Q goes into registers only beside the accumulators' room.
+TEST(KernelConfig, TmaForwardRegisterSplit) {
+  for (const TmaForwardPlan& plan : kTmaForwardPlans) {
+    for (const bool segments : {false, true}) {
+      EXPECT_LE(128 * (plan.producer_registers(segments) +
+                       plan.consumer_groups() * plan.consumer_registers(segments)),
+                plan.launch_registers() * plan.threads())
+          << "setmaxnreg would wait for registers the block does not have";
+      EXPECT_LE(plan.accumulator_registers(), plan.consumer_registers(segments));
+    }
+    EXPECT_EQ(plan.producer_registers(false), 24);
+    EXPECT_GE(plan.consumer_registers(false), plan.consumer_registers(true));
+  }
+  // The hero plan holds Q (32 words a thread) beside 192 of accumulators; head dim 256 and three
+  // groups of 128 keys have no room for it.
+  EXPECT_TRUE((TmaForwardPlan{128, 128, 128, 2, true, true}.q_in_registers(false)));
+  EXPECT_EQ((TmaForwardPlan{128, 128, 128, 2, true, true}.consumer_registers(false)), 240);
+  EXPECT_FALSE((TmaForwardPlan{256, 128, 80, 2, true, true}.q_in_registers(false)));
+  EXPECT_FALSE((TmaForwardPlan{64, 192, 128, 2, true, true}.q_in_registers(false)));
 }
 
 // Every plan's segment tables hold kTmaTileTable key tiles, except where they would not fit

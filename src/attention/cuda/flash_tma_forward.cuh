@@ -55,6 +55,7 @@ int sm_count();
 namespace tma_detail {
 
 using bf16_detail::fast_exp2;
+using bf16_detail::ldmatrix_x4;
 using bf16_detail::mask_tile;
 using bf16_detail::moved_max;
 using bf16_detail::quad_max;
@@ -297,7 +298,7 @@ __device__ __forceinline__ void produce(const TmaForwardArgs& a, const Smem<PLAN
   // fill, long tiles) staging early was slower (docs/PERF.md, session 49); a producer of fewer
   // than 56 registers (three consumer groups, three blocks an SM) spills the second table walk
   // (head dim 64: 36 -> 152 bytes): all of these stage the next tile after the walk.
-  constexpr bool kStageEarly = SEG && Smem<PLAN>::kQSlots > 1 && P.producer_registers() >= 56;
+  constexpr bool kStageEarly = SEG && Smem<PLAN>::kQSlots > 1 && P.producer_registers(SEG) >= 56;
   int step = 0;  // the block's walk through the deal
   int t = a.order.next_tile(step, blockIdx.x, gridDim.x);
   bool staged = false;  // whether tile t's table and Q were asked for during the tile before
@@ -458,6 +459,22 @@ __device__ __forceinline__ void store_output(const TmaForwardArgs& a, const Smem
   }
 }
 
+// A consumer group's 64 rows of the work tile's Q slot as the A operands of S = Q K^T, one
+// 16-column step each (the mma.sync fragment layout per warp: warp w holds rows 16 w on). Each
+// ldmatrix reads four 8x8 matrices of the swizzled panels: rows +0 and +8 at columns +0 and +8.
+template <int PLAN>
+__device__ __forceinline__ void load_q_operands(
+    uint32_t (&qa)[kTmaForwardPlans[PLAN].head_dim / 16][4], const __nv_bfloat16* q_slot, int g,
+    int warp, int lane) {
+  constexpr TmaForwardPlan P = kTmaForwardPlans[PLAN];
+  const int m = lane / 8;
+  const int row = 64 * g + 16 * warp + (m % 2) * 8 + lane % 8;
+#pragma unroll
+  for (int kd = 0; kd < P.head_dim / 16; ++kd) {
+    ldmatrix_x4(qa[kd], smem_addr(q_slot + panel_offset<P.q_rows()>(row, kd * 16 + (m / 2) * 8)));
+  }
+}
+
 // ---- consumer ----
 
 template <int PLAN, bool SEG>
@@ -468,6 +485,7 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
   constexpr uint32_t kSlotBytes = BN * D * 2;
   constexpr int QR = P.q_rows();  // rows of a Q slot: 64 a group (BM, or BM a head)
   constexpr uint32_t kQSlotBytes = QR * D * 2;
+  constexpr bool kQRegisters = P.q_in_registers(SEG);
   const FlashParams& p = a.p;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int S = p.seq_len;
@@ -527,17 +545,32 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
     // its store (the last tile had no key tile to release it under), release it now.
     if (unreleased_slot == q_slot) release_stored_slot();
     mbar_wait(s.q_full(q_slot), q_ring.parity);
+    uint32_t qa[kQRegisters ? D / 16 : 1][4];  // this group's Q rows as A operands
+    if constexpr (kQRegisters) {
+      // A warp reads its 16 rows of the slot with ldmatrix, and its lanes write O over the same
+      // rows at the end (store_output), in this work tile and in the slot's earlier ones: lanes
+      // other than the ones that read. The warp barriers order the two for every lane (without
+      // them compute-sanitizer's racecheck reports the pairs as intra-warp hazards).
+      __syncwarp();
+      load_q_operands<PLAN>(qa, s.q(q_slot), g, warp, lane);
+      __syncwarp();
+    }
 
     // The pieces of one key tile. S = Q K^T of ring slot `slot` (both K-major; a 16-column
-    // step moves 32 bytes along a panel row).
+    // step moves 32 bytes along a panel row), Q from registers or from its slot.
     float sc[NT * 4];
     auto issue_scores = [&](int slot) {
       const uint64_t k_slot = advance(k_desc, slot * kSlotBytes);
 #pragma unroll
       for (int kd = 0; kd < D / 16; ++kd) {
         const uint32_t col = (kd % 4) * 32;
-        mma_ss<BN, 0, 0>(sc, advance(q_tile, (kd / 4) * QR * kPanelRowBytes + col),
-                         advance(k_slot, (kd / 4) * BN * kPanelRowBytes + col), kd > 0);
+        const uint64_t k_step = advance(k_slot, (kd / 4) * BN * kPanelRowBytes + col);
+        if constexpr (kQRegisters) {
+          mma_rs<BN, 0>(sc, qa[kQRegisters ? kd : 0], k_step, kd > 0);
+        } else {
+          mma_ss<BN, 0, 0>(sc, advance(q_tile, (kd / 4) * QR * kPanelRowBytes + col), k_step,
+                           kd > 0);
+        }
       }
       wg_commit();
     };
@@ -564,6 +597,7 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
       if (P.pingpong) named_sync(turn_barrier(g), 256);
       pin(o);
       pin(pa);
+      if constexpr (kQRegisters) pin(qa);
       wg_fence();
     };
     auto end_turn = [&] {
@@ -661,10 +695,10 @@ __global__ void __launch_bounds__(kTmaForwardPlans[PLAN].threads(),
   // branches, which setmaxnreg needs).
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
   if (warpgroup == 0) {
-    release_registers<P.producer_registers()>();
+    release_registers<P.producer_registers(SEG)>();
     if (threadIdx.x < 32) produce<PLAN, SEG>(args, s);
   } else {
-    claim_registers<P.consumer_registers()>();
+    claim_registers<P.consumer_registers(SEG)>();
     consume<PLAN, SEG>(args, s, warpgroup - 1);
   }
 #else

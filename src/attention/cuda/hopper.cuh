@@ -396,27 +396,34 @@ __device__ __forceinline__ void mma_ss(float (&d)[N / 2], uint64_t a, uint64_t b
 #endif
 }
 
-// d (64 x N) += a b: a 64x16 from registers (the mma.sync A fragment layout per warp), b from
-// shared memory (TB as in mma_ss).
+// d (64 x N) = a b (+ d when accumulate): a 64x16 from registers (the mma.sync A fragment
+// layout per warp), b from shared memory (TB as in mma_ss).
 template <int N, int TB>
-__device__ __forceinline__ void mma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b) {
+__device__ __forceinline__ void mma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b,
+                                       bool accumulate = true) {
   static_assert(N == 64 || N == 128 || N == 256, "N is 64, 128 or 256");
 #ifdef FT_HOPPER_ENABLED
   if constexpr (N == 64) {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FT_WG_REGS32
-                 ", {%32, %33, %34, %35}, %36, 1, 1, 1, %37;\n"
-                 : FT_WG_ACC32(d)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TB));
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FT_WG_REGS32
+        ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+        : FT_WG_ACC32(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int{accumulate}), "n"(TB));
   } else if constexpr (N == 128) {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FT_WG_REGS64
-                 ", {%64, %65, %66, %67}, %68, 1, 1, 1, %69;\n"
-                 : FT_WG_ACC64(d)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TB));
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FT_WG_REGS64
+        ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+        : FT_WG_ACC64(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int{accumulate}), "n"(TB));
   } else {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " FT_WG_REGS128
-                 ", {%128, %129, %130, %131}, %132, 1, 1, 1, %133;\n"
-                 : FT_WG_ACC128(d)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TB));
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " FT_WG_REGS128
+        ", {%128, %129, %130, %131}, %132, p, 1, 1, %134;\n}\n"
+        : FT_WG_ACC128(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int{accumulate}), "n"(TB));
   }
 #endif
 }
