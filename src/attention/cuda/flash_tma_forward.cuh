@@ -566,7 +566,7 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
         const uint32_t col = (kd % 4) * 32;
         const uint64_t k_step = advance(k_slot, (kd / 4) * BN * kPanelRowBytes + col);
         if constexpr (kQRegisters) {
-          mma_rs<BN, 0>(sc, qa[kQRegisters ? kd : 0], k_step, kd > 0);
+          mma_rs<BN, 0>(sc, qa[kd], k_step, kd > 0);
         } else {
           mma_ss<BN, 0, 0>(sc, advance(q_tile, (kd / 4) * QR * kPanelRowBytes + col), k_step,
                            kd > 0);
