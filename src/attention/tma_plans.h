@@ -8,9 +8,9 @@
 // A block is one producer warpgroup (one warp issues the copies) and block_m / 64 consumer
 // warpgroups, 64 query rows each. Q comes through a ring of two slots when they fit (the next
 // work tile's Q loads during this one), else one; the output tile is written over its own Q
-// slot and leaves by TMA stores. K and V stream through a ring of `stages` slots of block_n
-// keys. With `pingpong` the consumer warpgroups take turns issuing their products, so that one
-// group's softmax runs while another's products use the tensor cores.
+// slot and leaves by TMA stores. K streams through a ring of `stages` slots of block_n keys,
+// V through one of `stages + extra_v`. With `pingpong` the consumer warpgroups take turns issuing
+// their products, so that one group's softmax runs while another's products use the tensor cores.
 //
 // A plan of two or three consumer groups runs one block per SM. A plan of one group (64 query
 // rows) runs as many blocks per SM as shared memory and registers allow (two or three): each
@@ -53,6 +53,10 @@ struct TmaForwardPlan {
   bool pingpong = false;
   bool compiled_by_default = false;  // also built without -DFLASHTRAIN_SWEEP_KERNELS=ON
   int heads = 1;  // query heads of a work tile (2: one a consumer group, the same positions)
+  // V slots beyond K's: V_j is read one step after K_j (by P_j V_j, issued beside S_{j+1}) and
+  // its slot frees one step later, so with as many V slots as K slots its copy has about one
+  // step to land where K's has two; each extra slot gives it one step more.
+  int extra_v = 0;
 
   constexpr int consumer_groups() const { return heads * block_m / 64; }
   constexpr int threads() const { return 128 * (consumer_groups() + 1); }
@@ -64,18 +68,26 @@ struct TmaForwardPlan {
   constexpr int group_head(int g) const { return heads == 1 ? 0 : g; }
 
   constexpr int64_t tile_bytes(int rows) const { return int64_t{rows} * head_dim * 2; }
-  constexpr int64_t ring_bytes() const { return 2 * stages * tile_bytes(block_n); }
+  constexpr int v_stages() const { return stages + extra_v; }
+  constexpr int64_t ring_bytes() const { return (stages + v_stages()) * tile_bytes(block_n); }
   // The two segment tables (a cover byte and a key segment id per key tile) and the mbarriers.
   static constexpr int64_t table_bytes_for(int tiles) { return 2 * int64_t{tiles} * 5; }
   static constexpr int64_t barrier_bytes() { return 256; }
   static constexpr int64_t align_slack() { return 1024; }
   // Key tiles a segment table holds: kTmaTileTable, or half that where the full tables would not
-  // fit beside one Q slot and the ring (head dim 256 with 80-key tiles); work tiles with more
+  // fit beside one Q slot and the ring (head dim 256 with 80-key tiles), or where half tables
+  // are what lets a second Q slot fit (head dim 128 with a third V slot); work tiles with more
   // key tiles are classified tile by tile.
   constexpr int table_tiles() const {
-    const int64_t rest = tile_bytes(q_rows()) + ring_bytes() + barrier_bytes() + align_slack();
-    return rest + table_bytes_for(kTmaTileTable) <= kSm90SmemPerBlock ? kTmaTileTable
-                                                                      : kTmaTileTable / 2;
+    const int64_t rest = ring_bytes() + barrier_bytes() + align_slack();
+    const int64_t full = rest + table_bytes_for(kTmaTileTable);
+    const int64_t half = rest + table_bytes_for(kTmaTileTable / 2);
+    const int64_t q = tile_bytes(q_rows());
+    if (full + q > kSm90SmemPerBlock) return kTmaTileTable / 2;
+    if (full + 2 * q > kSm90SmemPerBlock && half + 2 * q <= kSm90SmemPerBlock) {
+      return kTmaTileTable / 2;
+    }
+    return kTmaTileTable;
   }
   constexpr int64_t table_bytes() const { return table_bytes_for(table_tiles()); }
   constexpr int64_t bytes_with_q_slots(int slots) const {
@@ -151,22 +163,22 @@ struct TmaForwardPlan {
 
   constexpr bool operator==(const TmaForwardPlan& o) const {
     return head_dim == o.head_dim && block_m == o.block_m && block_n == o.block_n &&
-           stages == o.stages && pingpong == o.pingpong && heads == o.heads;
+           stages == o.stages && pingpong == o.pingpong && heads == o.heads && extra_v == o.extra_v;
   }
 };
 
 // Every plan of the family. FlashAttention-3 runs 192x128 tiles (three consumer warpgroups) at
 // head dim 64, 128x128 at 128 and 128x80 at 256; the sweep decides ours (docs/SWEEP.md) and the
 // sm90 rows of the default table (kernel_config.cpp) name the winners.
-// {head_dim, block_m, block_n, stages, pingpong, compiled_by_default[, heads]}
+// {head_dim, block_m, block_n, stages, pingpong, compiled_by_default[, heads[, extra_v]]}
 inline constexpr TmaForwardPlan kTmaForwardPlans[] = {
-    {64, 128, 128, 2, true, true},
+    {64, 128, 128, 2, true, true, 1, 1},
     {64, 128, 64, 2, true, false},
     {64, 128, 128, 3, true, false},
     {64, 128, 128, 2, false, false},
-    {64, 192, 128, 2, true, true},
+    {64, 192, 128, 2, true, true, 1, 1},
     {64, 192, 64, 2, true, false},
-    {128, 128, 128, 2, true, true},
+    {128, 128, 128, 2, true, true, 1, 1},
     {128, 128, 64, 2, true, false},
     {128, 128, 128, 2, false, false},
     {128, 128, 64, 3, true, false},
@@ -212,6 +224,7 @@ constexpr const char* tma_plan_defect(const TmaForwardPlan& p) {
     return "key tiles of 64 or 128 (80 at head dim 256)";
   }
   if (p.stages < 1 || p.stages > 4) return "1 to 4 stages";
+  if (p.extra_v < 0 || p.v_stages() > 4) return "0 to 4 - stages extra V slots";
   if (p.pingpong && p.consumer_groups() < 2) return "turns (pingpong) need two consumer groups";
   if (p.consumer_groups() == 1 && p.blocks_per_sm() < 2) {
     return "one consumer group needs two or more blocks per SM (shared memory, registers)";

@@ -6,8 +6,8 @@
 // blocks_per_sm()): it walks work tiles (64 * groups query rows of one head of one batch row) in
 // the order of TileOrder (attention/tile_order.h), longest first, and is made of
 //   - a producer warpgroup that gives most of its registers away; one warp of it issues every
-//     copy: Q of each work tile, and K and V of each visible key tile into a ring of `stages`
-//     slots, all through the copy engine (TMA) onto mbarriers;
+//     copy: Q of each work tile, and K and V of each visible key tile into rings of `stages`
+//     and `v_stages()` slots, all through the copy engine (TMA) onto mbarriers;
 //   - `groups` consumer warpgroups that never copy: each owns 64 query rows of the work tile and
 //     runs S = Q K^T and O += P V as warpgroup products from shared memory (P from registers).
 // Inside a consumer the products of key tile j overlap the softmax of tile j: per tile it issues
@@ -79,9 +79,9 @@ struct Smem {
   static constexpr int64_t kQ = 0;
   static constexpr int64_t kK = kQ + kQSlots * P.tile_bytes(P.q_rows());
   static constexpr int64_t kV = kK + P.stages * P.tile_bytes(P.block_n);
-  static constexpr int64_t kTable = kV + P.stages * P.tile_bytes(P.block_n);
+  static constexpr int64_t kTable = kV + P.v_stages() * P.tile_bytes(P.block_n);
   static constexpr int64_t kBarriers = kTable + P.table_bytes();
-  static constexpr int kBarrierCount = 2 * kQSlots + 4 * P.stages;
+  static constexpr int kBarrierCount = 2 * kQSlots + 2 * P.stages + 2 * P.v_stages();
   static_assert(kBarriers + TmaForwardPlan::barrier_bytes() + TmaForwardPlan::align_slack() ==
                     P.smem_bytes(),
                 "the kernel's layout is the plan's byte count");
@@ -118,8 +118,12 @@ struct Smem {
   __device__ uint64_t* q_empty(int s) const { return barrier(kQSlots + s); }
   __device__ uint64_t* k_full(int s) const { return barrier(2 * kQSlots + s); }
   __device__ uint64_t* v_full(int s) const { return barrier(2 * kQSlots + P.stages + s); }
-  __device__ uint64_t* k_empty(int s) const { return barrier(2 * kQSlots + 2 * P.stages + s); }
-  __device__ uint64_t* v_empty(int s) const { return barrier(2 * kQSlots + 3 * P.stages + s); }
+  __device__ uint64_t* k_empty(int s) const {
+    return barrier(2 * kQSlots + P.stages + P.v_stages() + s);
+  }
+  __device__ uint64_t* v_empty(int s) const {
+    return barrier(2 * kQSlots + 2 * P.stages + P.v_stages() + s);
+  }
 };
 
 // Named barriers: consumer g waits for its turn to issue products (pingpong); each group syncs
@@ -244,12 +248,14 @@ __device__ __forceinline__ void produce(const TmaForwardArgs& a, const Smem<PLAN
     tma_prefetch_map(&a.o);
   }
   RingPosition<Smem<PLAN>::kQSlots> q_ring;
-  RingPosition<P.stages> kv_ring;
-  // One K or V tile into the current ring slot, once the consumers have released it.
+  // Key tiles asked for by the block so far: the K and V rings' positions follow from it (two
+  // ring positions kept apart would cost the 24-register producer a spill).
+  uint32_t asked_total = 0;
+  // One K or V tile into its ring slot, once the consumers have released it.
   auto load_kv = [&](const CUtensorMap* map, __nv_bfloat16* slot, uint64_t* full, uint64_t* empty,
-                     int kb, const WorkTile& w) {
+                     uint32_t parity, int kb, const WorkTile& w) {
     if (lane != 0) return;
-    mbar_wait(empty, kv_ring.parity ^ 1);
+    mbar_wait(empty, parity ^ 1);
     mbar_arrive_expect_bytes(full, kKvBytes);
     const int hk = w.head / a.p.group();
 #pragma unroll
@@ -317,9 +323,11 @@ __device__ __forceinline__ void produce(const TmaForwardArgs& a, const Smem<PLAN
     int asked = 0;
     for (int kb = tiles.next_visible(tiles.begin); kb < tiles.end;
          kb = tiles.next_visible(kb + 1)) {
-      load_kv(&a.k, s.k(kv_ring.slot), s.k_full(kv_ring.slot), s.k_empty(kv_ring.slot), kb, w);
-      load_kv(&a.v, s.v(kv_ring.slot), s.v_full(kv_ring.slot), s.v_empty(kv_ring.slot), kb, w);
-      kv_ring.advance();
+      const auto k = ring_at<P.stages>(asked_total);
+      const auto v = ring_at<P.v_stages()>(asked_total);
+      load_kv(&a.k, s.k(k.slot), s.k_full(k.slot), s.k_empty(k.slot), k.parity, kb, w);
+      load_kv(&a.v, s.v(v.slot), s.v_full(v.slot), s.v_empty(v.slot), v.parity, kb, w);
+      ++asked_total;
       if constexpr (kStageEarly) {
         if (++asked == P.stages + 1 && next >= 0) {
           stage_q(a.order.at(next), local + 1);
@@ -518,7 +526,8 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
     unreleased_slot = -1;
   };
   RingPosition<Smem<PLAN>::kQSlots> q_ring;
-  RingPosition<P.stages> ring;
+  RingPosition<P.stages> k_ring;
+  RingPosition<P.v_stages()> v_ring;
   for (int local = 0, step = 0;; ++local, ++step) {  // as the producer walks
     const int t = a.order.next_tile(step, blockIdx.x, gridDim.x);
     if (t < 0) break;
@@ -605,35 +614,36 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
     };
 
     int kb = tiles.next_visible(tiles.begin);
-    RingPosition<P.stages> prev = ring;  // the slot whose V the next P V reads
-    if (kb < tiles.end) {                // the first key tile: its scores alone
-      mbar_wait(s.k_full(ring.slot), ring.parity);
+    RingPosition<P.v_stages()> prev = v_ring;  // the slot whose V the next P V reads
+    if (kb < tiles.end) {                      // the first key tile: its scores alone
+      mbar_wait(s.k_full(k_ring.slot), k_ring.parity);
       begin_turn();
-      issue_scores(ring.slot);
+      issue_scores(k_ring.slot);
       end_turn();
       release_stored_slot();  // the previous tile's store has had its products' time to read
       wg_wait<0>();
       pin(sc);
-      release(s.k_empty(ring.slot));
+      release(s.k_empty(k_ring.slot));
       float alpha[2];
       softmax_step(kb, alpha);
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) acc_to_a(pa[kk], sc, kk);
-      prev = ring;
-      ring.advance();
+      prev = v_ring;
+      k_ring.advance();
+      v_ring.advance();
       kb = tiles.next_visible(kb + 1);
     }
     // Steady state: S_j and P_{j-1} V_{j-1} issued together, the softmax of S_j while P V runs.
     for (; kb < tiles.end; kb = tiles.next_visible(kb + 1)) {
-      mbar_wait(s.k_full(ring.slot), ring.parity);
+      mbar_wait(s.k_full(k_ring.slot), k_ring.parity);
       mbar_wait(s.v_full(prev.slot), prev.parity);
       begin_turn();
-      issue_scores(ring.slot);
+      issue_scores(k_ring.slot);
       issue_pv(prev.slot);
       end_turn();
       wg_wait<1>();
       pin(sc);
-      release(s.k_empty(ring.slot));
+      release(s.k_empty(k_ring.slot));
       float alpha[2];
       softmax_step(kb, alpha);
       wg_wait<0>();
@@ -643,10 +653,11 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) acc_to_a(pa[kk], sc, kk);
       rescale<DT>(o, alpha);
-      prev = ring;
-      ring.advance();
+      prev = v_ring;
+      k_ring.advance();
+      v_ring.advance();
     }
-    if (prev.slot != ring.slot || prev.parity != ring.parity) {  // the last tile's P V
+    if (prev.slot != v_ring.slot || prev.parity != v_ring.parity) {  // the last tile's P V
       mbar_wait(s.v_full(prev.slot), prev.parity);
       begin_turn();
       issue_pv(prev.slot);
@@ -684,8 +695,10 @@ __global__ void __launch_bounds__(kTmaForwardPlans[PLAN].threads(),
     }
     for (int i = 0; i < P.stages; ++i) {
       mbar_init(s.k_full(i), 1);
-      mbar_init(s.v_full(i), 1);
       mbar_init(s.k_empty(i), 4 * P.consumer_groups());
+    }
+    for (int i = 0; i < P.v_stages(); ++i) {
+      mbar_init(s.v_full(i), 1);
       mbar_init(s.v_empty(i), 4 * P.consumer_groups());
     }
     mbar_fence_init();

@@ -252,6 +252,11 @@ struct RingPosition {
     }
   }
 };
+// The ring position after `n` advances from the start.
+template <int STAGES>
+__device__ __forceinline__ RingPosition<STAGES> ring_at(uint32_t n) {
+  return {static_cast<int>(n % STAGES), (n / STAGES) & 1u};
+}
 
 // Stores four 8x8 bf16 matrices from registers in one instruction: register i of lane t holds
 // row t / 4, columns 2 (t % 4) + {0, 1} of matrix i (the mma fragment layout), and lane t gives
