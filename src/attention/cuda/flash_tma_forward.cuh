@@ -248,9 +248,7 @@ __device__ __forceinline__ void produce(const TmaForwardArgs& a, const Smem<PLAN
     tma_prefetch_map(&a.o);
   }
   RingPosition<Smem<PLAN>::kQSlots> q_ring;
-  // Key tiles asked for by the block so far: the K and V rings' positions follow from it (two
-  // ring positions kept apart would cost the 24-register producer a spill).
-  uint32_t asked_total = 0;
+  PairedRings<P.stages, P.v_stages()> kv_rings;
   // One K or V tile into its ring slot, once the consumers have released it.
   auto load_kv = [&](const CUtensorMap* map, __nv_bfloat16* slot, uint64_t* full, uint64_t* empty,
                      uint32_t parity, int kb, const WorkTile& w) {
@@ -323,11 +321,11 @@ __device__ __forceinline__ void produce(const TmaForwardArgs& a, const Smem<PLAN
     int asked = 0;
     for (int kb = tiles.next_visible(tiles.begin); kb < tiles.end;
          kb = tiles.next_visible(kb + 1)) {
-      const auto k = ring_at<P.stages>(asked_total);
-      const auto v = ring_at<P.v_stages()>(asked_total);
+      const auto k = kv_rings.k();
+      const auto v = kv_rings.v();
       load_kv(&a.k, s.k(k.slot), s.k_full(k.slot), s.k_empty(k.slot), k.parity, kb, w);
       load_kv(&a.v, s.v(v.slot), s.v_full(v.slot), s.v_empty(v.slot), v.parity, kb, w);
-      ++asked_total;
+      kv_rings.advance();
       if constexpr (kStageEarly) {
         if (++asked == P.stages + 1 && next >= 0) {
           stage_q(a.order.at(next), local + 1);

@@ -257,6 +257,28 @@ template <int STAGES>
 __device__ __forceinline__ RingPosition<STAGES> ring_at(uint32_t n) {
   return {static_cast<int>(n % STAGES), (n / STAGES) & 1u};
 }
+// A producer's positions in two rings that advance together (K's of K_STAGES slots and V's of
+// V_STAGES): one position where the rings are as deep, else a count of advances from which each
+// ring's slot and parity follow (two positions kept side by side cost a 24-register producer a
+// spill).
+template <int K_STAGES, int V_STAGES>
+struct PairedRings {
+  uint32_t advances = 0;
+  __device__ __forceinline__ RingPosition<K_STAGES> k() const {
+    return ring_at<K_STAGES>(advances);
+  }
+  __device__ __forceinline__ RingPosition<V_STAGES> v() const {
+    return ring_at<V_STAGES>(advances);
+  }
+  __device__ __forceinline__ void advance() { ++advances; }
+};
+template <int STAGES>
+struct PairedRings<STAGES, STAGES> {
+  RingPosition<STAGES> position;
+  __device__ __forceinline__ RingPosition<STAGES> k() const { return position; }
+  __device__ __forceinline__ RingPosition<STAGES> v() const { return position; }
+  __device__ __forceinline__ void advance() { position.advance(); }
+};
 
 // Stores four 8x8 bf16 matrices from registers in one instruction: register i of lane t holds
 // row t / 4, columns 2 (t % 4) + {0, 1} of matrix i (the mma fragment layout), and lane t gives
