@@ -166,23 +166,33 @@ TEST(KernelConfig, TmaForwardRegisterSplit) {
   }
   // The hero plan holds Q (32 words a thread) beside 192 of accumulators; head dim 256 and three
   // groups of 128 keys have no room for it.
-  EXPECT_TRUE((TmaForwardPlan{128, 128, 128, 2, true, true}.q_in_registers(false)));
-  EXPECT_EQ((TmaForwardPlan{128, 128, 128, 2, true, true}.consumer_registers(false)), 240);
+  EXPECT_TRUE((TmaForwardPlan{128, 128, 128, 2, true, true, 1, 1}.q_in_registers(false)));
+  EXPECT_EQ((TmaForwardPlan{128, 128, 128, 2, true, true, 1, 1}.consumer_registers(false)), 240);
   EXPECT_FALSE((TmaForwardPlan{256, 128, 80, 2, true, true}.q_in_registers(false)));
   EXPECT_FALSE((TmaForwardPlan{64, 192, 128, 2, true, true}.q_in_registers(false)));
 }
 
 // Every plan's segment tables hold kTmaTileTable key tiles, except where they would not fit
 // beside one Q slot and the ring: head dim 256 with 80-key tiles (64 KB of Q, 160 KB of ring)
-// holds half as many. Key tiles of 80 are refused at the other head dims.
+// holds half as many; and where half tables are what lets a second Q slot fit: the hero plan
+// with its third V slot (2 x 32 KB of Q, 160 KB of ring). Key tiles of 80 are refused at the
+// other head dims.
 TEST(KernelConfig, TmaSegmentTablesFitBesideTheRing) {
   for (const TmaForwardPlan& plan : kTmaForwardPlans) {
-    const bool halved = plan.head_dim == 256 && plan.block_n == 80;
+    const bool halved = (plan.head_dim == 256 && plan.block_n == 80) ||
+                        (plan.head_dim == 128 && plan.block_m == 128 && plan.block_n == 128 &&
+                         plan.stages == 2 && plan.extra_v == 1);
     EXPECT_EQ(plan.table_tiles(), halved ? kTmaTileTable / 2 : kTmaTileTable)
         << plan.head_dim << " " << plan.block_m << "x" << plan.block_n;
     EXPECT_EQ(plan.table_bytes(), 10 * plan.table_tiles());
     EXPECT_LE(plan.smem_bytes(), kSm90SmemPerBlock);
   }
+  // The hero plan keeps two Q slots beside three V slots (231,936 of 232,448 bytes); with full
+  // tables it would fall to one.
+  const TmaForwardPlan hero{128, 128, 128, 2, true, true, 1, 1};
+  EXPECT_EQ(hero.q_slots(), 2);
+  EXPECT_EQ(hero.smem_bytes(), 231936);
+  EXPECT_EQ(hero.ring_bytes(), 5 * 32768);
   TmaForwardPlan d128{128, 128, 80, 2, true, false};
   EXPECT_STREQ(tma_plan_defect(d128), "key tiles of 64 or 128 (80 at head dim 256)");
   d128.head_dim = 256;
