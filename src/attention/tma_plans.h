@@ -55,7 +55,9 @@ struct TmaForwardPlan {
   int heads = 1;  // query heads of a work tile (2: one a consumer group, the same positions)
   // V slots beyond K's: V_j is read one step after K_j (by P_j V_j, issued beside S_{j+1}) and
   // its slot frees one step later, so with as many V slots as K slots its copy has about one
-  // step to land where K's has two; each extra slot gives it one step more.
+  // step to land where K's has two; each extra slot gives it one step more. A property of the
+  // plan, not a knob of its configuration text: plans that differ only in it count as the same
+  // plan (operator==, tma_plans_distinct), so a configuration names one of them.
   int extra_v = 0;
 
   constexpr int consumer_groups() const { return heads * block_m / 64; }
@@ -163,7 +165,7 @@ struct TmaForwardPlan {
 
   constexpr bool operator==(const TmaForwardPlan& o) const {
     return head_dim == o.head_dim && block_m == o.block_m && block_n == o.block_n &&
-           stages == o.stages && pingpong == o.pingpong && heads == o.heads && extra_v == o.extra_v;
+           stages == o.stages && pingpong == o.pingpong && heads == o.heads;
   }
 };
 
