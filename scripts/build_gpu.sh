@@ -32,6 +32,10 @@ for b in $binaries; do
 done
 # The commit the binaries come from (scripts/run_matrix.py records it): "<hash>" or "<hash> dirty".
 { git rev-parse HEAD; git diff --quiet HEAD -- || echo dirty; } | paste -sd' ' >build-gpu/carry/GIT_COMMIT
+# The checkout the binaries were built in: the tests reach data/ and the CLI through this path,
+# compiled into them, so scripts/gpu_env.sh links it to the GPU machine's checkout (a build in
+# another worktree than /work/main otherwise fails its CLI tests there: exit 127).
+pwd >build-gpu/carry/SOURCE_DIR
 # The device tool carries at most 64 MiB: pack the binaries (about 165 MB raw). Each holds the
 # whole library, so xz's largest dictionary (-9e: 64 MiB) finds one binary again in the next:
 # about half the size of the default level's pack (12 against 23 MB for five binaries), for

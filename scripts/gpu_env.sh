@@ -16,3 +16,11 @@ if [ ! -d build-gpu/carry ]; then
   fi
 fi
 if [ -d build-gpu/carry ]; then ln -sfn carry/flashtrain build-gpu/flashtrain; fi
+# Binaries built in another checkout than /work/main (a worktree) carry its path, compiled into
+# the tests (scripts/build_gpu.sh): link it here too.
+if [ -f build-gpu/carry/SOURCE_DIR ]; then
+  built_in="$(cat build-gpu/carry/SOURCE_DIR)"
+  if [ -n "$built_in" ] && [ ! -e "$built_in" ]; then
+    mkdir -p "$(dirname "$built_in")" && ln -sfn "$PWD" "$built_in"
+  fi
+fi
