@@ -226,7 +226,7 @@ constexpr const char* tma_plan_defect(const TmaForwardPlan& p) {
     return "key tiles of 64 or 128 (80 at head dim 256)";
   }
   if (p.stages < 1 || p.stages > 4) return "1 to 4 stages";
-  if (p.extra_v < 0 || p.v_stages() > 4) return "0 to 4 - stages extra V slots";
+  if (p.extra_v < 0 || p.v_stages() > 4) return "at most 4 V slots (stages + extra_v)";
   if (p.pingpong && p.consumer_groups() < 2) return "turns (pingpong) need two consumer groups";
   if (p.consumer_groups() == 1 && p.blocks_per_sm() < 2) {
     return "one consumer group needs two or more blocks per SM (shared memory, registers)";

@@ -193,6 +193,14 @@ TEST(KernelConfig, TmaSegmentTablesFitBesideTheRing) {
   EXPECT_EQ(hero.q_slots(), 2);
   EXPECT_EQ(hero.smem_bytes(), 231936);
   EXPECT_EQ(hero.ring_bytes(), 5 * 32768);
+  // The head-dim-64 plans of two and three consumer groups take the third V slot too, with their
+  // full tables and two Q slots.
+  const TmaForwardPlan d64{64, 128, 128, 2, true, true, 1, 1};
+  EXPECT_EQ(d64.v_stages(), 3);
+  EXPECT_EQ(d64.ring_bytes(), 5 * 16384);
+  EXPECT_EQ(d64.q_slots(), 2);
+  EXPECT_STREQ((tma_plan_defect(TmaForwardPlan{64, 128, 128, 2, true, true, 1, 3})),
+               "at most 4 V slots (stages + extra_v)");
   TmaForwardPlan d128{128, 128, 80, 2, true, false};
   EXPECT_STREQ(tma_plan_defect(d128), "key tiles of 64 or 128 (80 at head dim 256)");
   d128.head_dim = 256;
