@@ -16,7 +16,11 @@
 # run, their order reversed every other round as the variants' is; one row each), VARIANTS
 # (names, default every one), OUT (default gpu-out/variants). Before the rounds it prints which
 # kernel families of each variant differ from the first variant's (scripts/kernel_hashes.py;
-# "same device code" means the variant's change did not reach its kernels).
+# "same device code" means the variant's change did not reach its kernels). CLOCKS=1: after the
+# rounds, each variant once more on the first case, direction and configuration, CLOCK_ITERS
+# calls (default 400) under scripts/gpu_clocks.sh, in the rounds' order and then reversed: the
+# SM clock each ran at and the cycles a call took (kernels at the card's power limit differ in
+# energy a call, which the clock shows, as well as in cycles).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 out="${OUT:-gpu-out}/variants"
@@ -94,4 +98,20 @@ for (case, d, config), by in sorted(rows.items()):
         cells.append(f"{statistics.median(ms):.3f} ({min(ms):.3f}-{max(ms):.3f})" if ms else "-")
     print(f"| {case} | {d} | {config or 'default'} | " + " | ".join(cells) + " |")
 PY
+if [ -n "${CLOCKS:-}" ]; then
+  IFS=',' read -r -a case_list <<<"${CASES:-hero-causal}"
+  dir="${DIRS:-fwd}"
+  [ "$dir" = both ] && dir=fwd
+  first_config=()
+  if [ -n "${CONFIGS:-}" ]; then first_config=(--config "${CONFIGS%%;*}"); fi
+  order=("${names[@]}")
+  for ((i = ${#names[@]} - 1; i >= 0; i--)); do order+=("${names[$i]}"); done
+  pass=0
+  for v in "${order[@]}"; do
+    pass=$((pass + 1))
+    OUT="$out" scripts/gpu_clocks.sh "$v.$pass" "build-gpu/variants/$v/bench_attention_gpu" \
+      --case "${case_list[0]}" --impl flash --dir "$dir" "${first_config[@]}" "${extra[@]}" \
+      --warmup-ms 1000 --iters "${CLOCK_ITERS:-400}" || status=1
+  done
+fi
 exit $status
