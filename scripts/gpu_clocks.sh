@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Runs a command on the GPU machine while nvidia-smi samples the SM clock, the power draw and the
-# temperature every 100 ms, then prints one line: the command's median time where it printed one
-# (bench_attention_gpu's and torch_attention_peer.py's "median_ms"), the samples taken while the
-# card was busy (power above BUSY_W, default 250 W; the first SKIP_S seconds, default 1.5, are
-# left out: nvidia-smi's power is an average over about a second, so the first samples still
-# show the command before), their median SM clock and power, and the
-# cycles a call took at that clock (median ms x median MHz). Kernels that run at the card's power
-# limit are timed by their energy: two versions at the same cycle count differ only in clock.
+# temperature every 100 ms, then prints one line: the command's time (the "median_ms" that
+# bench_attention_gpu and torch_attention_peer.py print: give it one case and one direction), the
+# median SM clock and power of the samples taken while the card was busy (power above BUSY_W,
+# default 250 W, after the first SKIP_S seconds, default 1.5: nvidia-smi's power is an average
+# over about a second, so the first samples still show what ran before), and the cycles a call
+# took at that clock (ms x MHz). Kernels that run at the card's power limit are timed by their
+# energy: two versions at the same cycle count differ only in clock.
 #
 #   scripts/gpu_clocks.sh main build-gpu/carry/bench_attention_gpu --case hero-causal \
 #     --impl flash --dir fwd --warmup-ms 1000 --iters 500
@@ -45,6 +45,8 @@ for line in open(csv):
 busy = [r for r in rows[skip:] if len(r) == 3 and r[1] > busy_w]
 times = [float(x) for x in re.findall(r'"median_ms":\s*([0-9.eE+-]+)', open(log, errors="replace").read())]
 ms = f"{statistics.median(times):.4f} ms" if times else "no median_ms"
+if len(times) > 1:
+    ms += f" (the median of {len(times)} timings: more than one case or direction)"
 if rc != "0":
     print(f"{tag}: the command failed (exit {rc}); see {log}")
 elif not busy:
