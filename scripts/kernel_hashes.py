@@ -8,6 +8,11 @@ kernel source give the same code, so a variant reported as "same device code" ru
 kernels as the first and no timing can show its change (session 51 timed two branches whose
 builds had kept main's forward objects).
 
+Where a tma family differs, the next line names its kernels whose code differs, by plan (the
+index into tma_plans.h's table) and segment ids: "fwd 6" is tma_forward_kernel<6, false>, "fwd
+6+seg" the same plan with segment ids; a kernel that is in one build only counts as differing.
+A change meant for some plans can so be checked to have left the others' code as it was.
+
 Usage: scripts/kernel_hashes.py NAME=BINARY [NAME=BINARY ...]
 Families: tma_fwd (tma_forward_kernel), tma_bwd (tma_backward_kernel), wgmma (wgmma_*_kernel),
 mma (flash_forward_kernel, flash_backward_kernel), other (every other kernel).
@@ -16,6 +21,7 @@ Exit 0 (also when cuobjdump is not found: it says so); 2: bad arguments.
 import glob
 import hashlib
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -28,6 +34,19 @@ FAMILIES = [
     ("wgmma", ("wgmma_forward_kernel", "wgmma_backward_kernel")),
     ("mma", ("flash_forward_kernel", "flash_backward_kernel")),
 ]
+
+
+# A tma kernel's mangled name: its direction, plan and whether it reads segment ids.
+TMA_INSTANCE = re.compile(r"tma_(forward|backward)_kernelILi(\d+)ELb([01])E")
+
+
+def tma_label(function):
+    """"fwd 6", "bwd 3+seg", ... for a tma kernel's mangled name, else None."""
+    m = TMA_INSTANCE.search(function)
+    if m is None:
+        return None
+    direction = {"forward": "fwd", "backward": "bwd"}[m.group(1)]
+    return f"{direction} {m.group(2)}" + ("+seg" if m.group(3) == "1" else "")
 
 
 def family_of(function):
@@ -54,7 +73,9 @@ def text_sections(cubin):
 
 
 def hashes_of(binary, cuobjdump):
+    """(a hash per family, a hash per tma kernel by its label)."""
     digests = {family: hashlib.md5() for family, _ in FAMILIES + [("other", ())]}
+    kernels = {}
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([cuobjdump, "-xelf", "all", os.path.abspath(binary)], cwd=tmp, check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -65,7 +86,16 @@ def hashes_of(binary, cuobjdump):
     for function, text in sorted(code):
         seen.add(family_of(function))
         digests[family_of(function)].update(function.encode() + b"\0" + text)
-    return {f: (d.hexdigest()[:8] if f in seen else "none") for f, d in digests.items()}
+        label = tma_label(function)
+        if label is not None:
+            kernels[label] = hashlib.md5(text).hexdigest()
+    families = {f: (d.hexdigest()[:8] if f in seen else "none") for f, d in digests.items()}
+    return families, kernels
+
+
+def label_order(label):
+    direction, rest = label.split(" ")
+    return (direction, int(rest.split("+")[0]), rest)
 
 
 def main(args):
@@ -78,15 +108,21 @@ def main(args):
     if cuobjdump is None:
         print("kernel hashes: cuobjdump not found, device code not compared")
         return 0
-    table = {}
+    table, kernels = {}, {}
     for name, binary in pairs:
-        table[name] = hashes_of(binary, cuobjdump)
+        table[name], kernels[name] = hashes_of(binary, cuobjdump)
         print(f"kernel hashes: {name}: " + " ".join(f"{f}={h}" for f, h in table[name].items()))
     first = pairs[0][0]
     for name, _ in pairs[1:]:
         differ = [f for f in table[name] if table[name][f] != table[first][f]]
         if differ:
             print(f"kernel hashes: {name} differs from {first} in: {' '.join(differ)}")
+            labels = set(kernels[name]) | set(kernels[first])
+            unlike = sorted((l for l in labels if kernels[name].get(l) != kernels[first].get(l)),
+                            key=label_order)
+            if unlike:
+                print(f"kernel hashes: {name}: tma kernels unlike {first}'s: {', '.join(unlike)} "
+                      f"({len(labels) - len(unlike)} of {len(labels)} the same)")
         else:
             print(f"kernel hashes: WARNING: {name} has the same device code as {first}")
     return 0

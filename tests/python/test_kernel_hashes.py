@@ -84,8 +84,29 @@ def test_only_the_changed_family_differs_and_equal_code_is_flagged(tmp_path, mon
     assert kernel_hashes.main(args) == 0
     out = capsys.readouterr().out
     assert "branch differs from main in: tma_fwd\n" in out
+    assert "branch: tma kernels unlike main's: fwd 6 (1 of 2 the same)" in out
     assert "WARNING: rebuilt has the same device code as main" in out
     assert "wgmma=none" in out
+
+
+def test_tma_kernels_are_named_by_plan_and_segment_ids():
+    assert kernel_hashes.tma_label(TMA_FWD) == "fwd 6"
+    assert kernel_hashes.tma_label(TMA_BWD) == "bwd 3+seg"
+    assert kernel_hashes.tma_label(PREPROCESS) is None
+
+
+def test_each_differing_tma_kernel_is_named(tmp_path, monkeypatch, capsys):
+    fwd_seg = TMA_FWD.replace("ILi6ELb0E", "ILi6ELb1E")
+    fwd_other = TMA_FWD.replace("ILi6ELb0E", "ILi12ELb0E")
+    main = {"fwd.cubin": elf({".text." + TMA_FWD: b"\x01" * 8, ".text." + fwd_seg: b"\x02" * 8,
+                              ".text." + fwd_other: b"\x03" * 8})}
+    # Plan 6 without segment ids changed, plan 12 gone, plan 6 with them as it was.
+    branch = {"fwd.cubin": elf({".text." + TMA_FWD: b"\x04" * 8, ".text." + fwd_seg: b"\x02" * 8})}
+    tools = fake_cuobjdump(tmp_path, {"main": main, "branch": branch})
+    monkeypatch.setenv("PATH", tools + os.pathsep + os.environ["PATH"])
+    assert kernel_hashes.main([f"main={tmp_path / 'main'}", f"branch={tmp_path / 'branch'}"]) == 0
+    assert ("branch: tma kernels unlike main's: fwd 6, fwd 12 (1 of 3 the same)"
+            in capsys.readouterr().out)
 
 
 def test_bad_arguments_and_a_missing_cuobjdump(tmp_path, monkeypatch, capsys):
