@@ -21,12 +21,14 @@ Exit 0 (also when cuobjdump is not found: it says so); 2: bad arguments.
 import glob
 import hashlib
 import os
-import re
 import shutil
 import struct
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from check_ptxas import tma_instance  # noqa: E402  (the tma kernels' names, parsed once)
 
 FAMILIES = [
     ("tma_fwd", ("tma_forward_kernel",)),
@@ -36,17 +38,10 @@ FAMILIES = [
 ]
 
 
-# A tma kernel's mangled name: its direction, plan and whether it reads segment ids.
-TMA_INSTANCE = re.compile(r"tma_(forward|backward)_kernelILi(\d+)ELb([01])E")
-
-
-def tma_label(function):
-    """"fwd 6", "bwd 3+seg", ... for a tma kernel's mangled name, else None."""
-    m = TMA_INSTANCE.search(function)
-    if m is None:
-        return None
-    direction = {"forward": "fwd", "backward": "bwd"}[m.group(1)]
-    return f"{direction} {m.group(2)}" + ("+seg" if m.group(3) == "1" else "")
+def tma_label(kernel):
+    """"fwd 6", "bwd 3+seg", ... for a tma kernel's (direction, plan, segment ids)."""
+    direction, plan, segments = kernel
+    return f"{'fwd' if direction == 'forward' else 'bwd'} {plan}" + ("+seg" if segments else "")
 
 
 def family_of(function):
@@ -73,7 +68,7 @@ def text_sections(cubin):
 
 
 def hashes_of(binary, cuobjdump):
-    """(a hash per family, a hash per tma kernel by its label)."""
+    """(a hash per family, a hash per tma kernel by its (direction, plan, segment ids))."""
     digests = {family: hashlib.md5() for family, _ in FAMILIES + [("other", ())]}
     kernels = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -86,16 +81,12 @@ def hashes_of(binary, cuobjdump):
     for function, text in sorted(code):
         seen.add(family_of(function))
         digests[family_of(function)].update(function.encode() + b"\0" + text)
-        label = tma_label(function)
-        if label is not None:
-            kernels[label] = hashlib.md5(text).hexdigest()
+        kernel = tma_instance(function)
+        if kernel is not None:
+            kernels[kernel] = hashlib.md5(text).hexdigest()
     families = {f: (d.hexdigest()[:8] if f in seen else "none") for f, d in digests.items()}
     return families, kernels
 
-
-def label_order(label):
-    direction, rest = label.split(" ")
-    return (direction, int(rest.split("+")[0]), rest)
 
 
 def main(args):
@@ -117,12 +108,12 @@ def main(args):
         differ = [f for f in table[name] if table[name][f] != table[first][f]]
         if differ:
             print(f"kernel hashes: {name} differs from {first} in: {' '.join(differ)}")
-            labels = set(kernels[name]) | set(kernels[first])
-            unlike = sorted((l for l in labels if kernels[name].get(l) != kernels[first].get(l)),
-                            key=label_order)
+            both = set(kernels[name]) | set(kernels[first])
+            unlike = sorted(k for k in both if kernels[name].get(k) != kernels[first].get(k))
             if unlike:
-                print(f"kernel hashes: {name}: tma kernels unlike {first}'s: {', '.join(unlike)} "
-                      f"({len(labels) - len(unlike)} of {len(labels)} the same)")
+                print(f"kernel hashes: {name}: tma kernels unlike {first}'s: "
+                      f"{', '.join(map(tma_label, unlike))} "
+                      f"({len(both) - len(unlike)} of {len(both)} the same)")
         else:
             print(f"kernel hashes: WARNING: {name} has the same device code as {first}")
     return 0

@@ -90,9 +90,9 @@ def test_only_the_changed_family_differs_and_equal_code_is_flagged(tmp_path, mon
 
 
 def test_tma_kernels_are_named_by_plan_and_segment_ids():
-    assert kernel_hashes.tma_label(TMA_FWD) == "fwd 6"
-    assert kernel_hashes.tma_label(TMA_BWD) == "bwd 3+seg"
-    assert kernel_hashes.tma_label(PREPROCESS) is None
+    assert kernel_hashes.tma_label(kernel_hashes.tma_instance(TMA_FWD)) == "fwd 6"
+    assert kernel_hashes.tma_label(kernel_hashes.tma_instance(TMA_BWD)) == "bwd 3+seg"
+    assert kernel_hashes.tma_instance(PREPROCESS) is None
 
 
 def test_each_differing_tma_kernel_is_named(tmp_path, monkeypatch, capsys):
