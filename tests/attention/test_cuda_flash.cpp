@@ -257,6 +257,35 @@ TEST_F(CudaFlashTest, TmaForwardBlocksOfSeveralWorkTilesMatchNaiveFp32) {
   }
 }
 
+// Scores that rise far above a row's maximum after its first key tiles: the keys of the second
+// half of the sequence are 8 times longer, so that with a scale of 0.5 their scaled scores (log2
+// units, standard deviation ~65) rise past the first half's maxima by more than 64 (the tma
+// forward's exponentials without the tile's maximum then take the exact step again) and by more
+// than 128 (where they overflow to inf first). Dense and causal, at head dims 64 and 128, every
+// compiled configuration.
+TEST_F(CudaFlashTest, ScoresRisingFarAboveTheRowMaximumMatchNaiveFp32) {
+  for (const bool causal : {false, true}) {
+    for (const int64_t head_dim : {64, 128}) {
+      Mask mask;
+      mask.causal = causal;
+      Inputs in = make_inputs({2, 1000, 4, 2, head_dim}, mask, DType::bf16, 57);
+      Tensor k = in.k.to(DType::f32);
+      float* keys = k.data<float>();
+      const int64_t row = in.k.dim(2) * head_dim;  // elements of one position
+      for (int64_t b = 0; b < in.k.dim(0); ++b) {
+        for (int64_t i = in.k.dim(1) / 2; i < in.k.dim(1); ++i) {
+          float* at = keys + (b * in.k.dim(1) + i) * row;
+          for (int64_t e = 0; e < row; ++e) at[e] *= 8.0f;
+        }
+      }
+      in.k = k.to(DType::bf16);
+      in.problem.scale = 0.5;
+      check_against_naive_fp32(ft::str("rising scores d", head_dim, causal ? " causal" : ""), in,
+                               configs_under_test(in.problem));
+    }
+  }
+}
+
 // Scales other than 1 / sqrt(D): larger, smaller and negative (the largest scaled score then
 // comes from the smallest raw one), with every mask.
 TEST_F(CudaFlashTest, NonDefaultScalesMatchNaiveFp32) {

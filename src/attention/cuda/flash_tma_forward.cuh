@@ -135,6 +135,12 @@ template <int GROUPS>
 __device__ __forceinline__ constexpr int epilogue_barrier(int g) {
   return 1 + GROUPS + g;
 }
+// Each group's vote on a key tile's exponentials taken without the tile's own maximum
+// (OnlineSoftmax::exponentials_at_row_max).
+template <int GROUPS>
+__device__ __forceinline__ constexpr int vote_barrier(int g) {
+  return 1 + 2 * GROUPS + g;
+}
 
 // ---- key tiles of a work tile and their covers ----
 
@@ -362,6 +368,16 @@ __device__ __forceinline__ float row_extremum(const float (&s)[NT * 4], int half
   return v[0];
 }
 
+// Key tiles that no mask boundary cuts, after a row's first: the exponentials are taken against
+// the row maxima as they stand, without the tile's own maximum (its tree of comparisons and
+// shuffles is a fifth of a key tile's softmax instructions). The maximum only keeps P from
+// overflowing, and the sums, O and the bf16 P hold values far above 1 with the same relative
+// rounding; so a tile whose scores stay below max + 64 (log2 units: every P and this thread's sum
+// of them below 2^64, checked on the sums) is as exact this way. A tile that rises higher
+// (P may then be inf) or a row without a maximum yet is taken again from its scores by the
+// exact step (the consumer's group votes: the scores are recomputed by the warpgroup).
+inline constexpr float kLazySumLimit = 0x1p64f;
+
 // Online softmax of one key tile for this thread's two rows, base 2 with the scale folded into
 // the exponent: the row maxima the exponentials are taken against (moved only past
 // kRescaleSlack), alpha = the factor O is rescaled by (1 where the maximum stays),
@@ -405,6 +421,31 @@ struct OnlineSoftmax {
       }
       row_sum[half] = row_sum[half] * alpha[half] + sum;
     }
+  }
+  // P = exp2(s * scale_log2 - row_max) in place, without the tile's maximum, and this thread's
+  // two row sums of it; whether both rows had a maximum and both sums stay below kLazySumLimit
+  // (false for inf and NaN too). The sums are added by add_sums once the group agrees.
+  __device__ __forceinline__ bool exponentials_at_row_max(float (&s)[NT * 4], float scale_log2,
+                                                          float (&sums)[2]) const {
+    if (row_max[0] == -INFINITY || row_max[1] == -INFINITY) return false;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 2 * half; e < 2 * half + 2; ++e) {
+          s[4 * nt + e] = fast_exp2(fmaf(s[4 * nt + e], scale_log2, -row_max[half]));
+          sum += s[4 * nt + e];
+        }
+      }
+      sums[half] = sum;
+    }
+    return sums[0] < kLazySumLimit && sums[1] < kLazySumLimit;
+  }
+  __device__ __forceinline__ void add_sums(const float (&sums)[2]) {
+    row_sum[0] += sums[0];
+    row_sum[1] += sums[1];
   }
 };
 
@@ -492,6 +533,10 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
   constexpr int QR = P.q_rows();  // rows of a Q slot: 64 a group (BM, or BM a head)
   constexpr uint32_t kQSlotBytes = QR * D * 2;
   constexpr bool kQRegisters = P.q_in_registers(SEG);
+  // Exponentials without the tile's maximum (OnlineSoftmax::exponentials_at_row_max) in the
+  // plans of two or three groups up to head dim 128: the one-group plans' 80 registers and the
+  // head-dim-256 plans spill with its second path (ptxas).
+  constexpr bool kLazyMaximum = kGroups > 1 && D <= 128;
   const FlashParams& p = a.p;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int S = p.seq_len;
@@ -641,9 +686,27 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
       end_turn();
       wg_wait<1>();
       pin(sc);
-      release(s.k_empty(k_ring.slot));
       float alpha[2];
-      softmax_step(kb, alpha);
+      if (!kLazyMaximum || tiles.masked(kb)) {
+        release(s.k_empty(k_ring.slot));
+        softmax_step(kb, alpha);
+      } else {
+        // Without the tile's maximum where the whole group's rows allow it; else S_j again
+        // from its K slot, which is held until then, and the exact step.
+        float sums[2];
+        const bool ok = softmax.exponentials_at_row_max(sc, p.scale_log2, sums);
+        if (!named_any(vote_barrier<kGroups>(g), 128, !ok)) {
+          softmax.add_sums(sums);
+          alpha[0] = alpha[1] = 1.0f;
+        } else {
+          wg_fence();
+          issue_scores(k_ring.slot);
+          wg_wait<0>();
+          pin(sc);
+          softmax_step(kb, alpha);
+        }
+        release(s.k_empty(k_ring.slot));
+      }
       wg_wait<0>();
       pin(o);
       pin(pa);

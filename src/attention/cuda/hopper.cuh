@@ -155,6 +155,21 @@ __device__ __forceinline__ void named_arrive(int id, int threads) {
 #endif
 }
 
+// Whether `pred` holds in any of the `threads` threads that meet at barrier `id` (every one of
+// them passes its own and waits; each gets the OR): bar.red.or, aligned like bar.sync.
+__device__ __forceinline__ bool named_any(int id, int threads, bool pred) {
+  uint32_t any = 0;
+#ifdef FT_HOPPER_ENABLED
+  asm volatile(
+      "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.or.pred q, %2, %3, p;\n"
+      "selp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(any)
+      : "r"(static_cast<uint32_t>(pred)), "r"(id), "r"(threads)
+      : "memory");
+#endif
+  return any != 0;
+}
+
 // ---- registers: warpgroups hand registers to each other (every warp of the group runs it) ----
 
 template <int REGS>
