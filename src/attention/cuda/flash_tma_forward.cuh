@@ -534,9 +534,11 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
   constexpr uint32_t kQSlotBytes = QR * D * 2;
   constexpr bool kQRegisters = P.q_in_registers(SEG);
   // Exponentials without the tile's maximum (OnlineSoftmax::exponentials_at_row_max) in the
-  // plans of two or three groups up to head dim 128: the one-group plans' 80 registers and the
-  // head-dim-256 plans spill with its second path (ptxas).
-  constexpr bool kLazyMaximum = kGroups > 1 && D <= 128;
+  // plans of two or three groups of one head up to head dim 128, without segment ids: the
+  // one-group plans' 80 registers and the head-dim-256 plans spill with its second path (ptxas);
+  // with the one-group plans at GPT-2's shape (latency-bound) and the two-head plan with
+  // segment ids at window 512 + 5 documents it measured slower (+2% and +10%, H100, session 57).
+  constexpr bool kLazyMaximum = kGroups > 1 && P.heads == 1 && D <= 128 && !SEG;
   const FlashParams& p = a.p;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int S = p.seq_len;
