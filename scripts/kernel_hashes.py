@@ -13,6 +13,10 @@ index into tma_plans.h's table) and segment ids: "fwd 6" is tma_forward_kernel<6
 6+seg" the same plan with segment ids; a kernel that is in one build only counts as differing.
 A change meant for some plans can so be checked to have left the others' code as it was.
 
+A binary that cuobjdump cannot read (a wrapper script that runs a binary with fixed flags, as a
+variant of scripts/gpu_variants.sh may be) is named as not compared and left out; the first
+binary read is the one the others are compared with.
+
 Usage: scripts/kernel_hashes.py NAME=BINARY [NAME=BINARY ...]
 Families: tma_fwd (tma_forward_kernel), tma_bwd (tma_backward_kernel), wgmma (wgmma_*_kernel),
 mma (flash_forward_kernel, flash_backward_kernel), other (every other kernel).
@@ -99,12 +103,20 @@ def main(args):
     if cuobjdump is None:
         print("kernel hashes: cuobjdump not found, device code not compared")
         return 0
-    table, kernels = {}, {}
+    table, kernels, read = {}, {}, []
     for name, binary in pairs:
-        table[name], kernels[name] = hashes_of(binary, cuobjdump)
+        try:
+            table[name], kernels[name] = hashes_of(binary, cuobjdump)
+        except subprocess.CalledProcessError as e:
+            print(f"kernel hashes: {name}: cuobjdump could not read {binary} (exit {e.returncode}; "
+                  "not an executable with device code, e.g. a wrapper script): not compared")
+            continue
+        read.append(name)
         print(f"kernel hashes: {name}: " + " ".join(f"{f}={h}" for f, h in table[name].items()))
-    first = pairs[0][0]
-    for name, _ in pairs[1:]:
+    if not read:
+        return 0
+    first = read[0]
+    for name in read[1:]:
         differ = [f for f in table[name] if table[name][f] != table[first][f]]
         if differ:
             print(f"kernel hashes: {name} differs from {first} in: {' '.join(differ)}")

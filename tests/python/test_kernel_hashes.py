@@ -109,6 +109,23 @@ def test_each_differing_tma_kernel_is_named(tmp_path, monkeypatch, capsys):
             in capsys.readouterr().out)
 
 
+def test_a_binary_cuobjdump_cannot_read_is_named_and_left_out(tmp_path, monkeypatch, capsys):
+    code = {"fwd.cubin": elf({".text." + TMA_FWD: b"\x01" * 8})}
+    tools = fake_cuobjdump(tmp_path, {"main": code, "branch": code})
+    # A wrapper script in the variant's place: the stand-in fails on it as cuobjdump does.
+    tool = tmp_path / "bin" / "cuobjdump"
+    tool.write_text('#!/bin/sh\ncase "$3" in *wrapper) exit 255;; esac\n' + tool.read_text().split("\n", 1)[1])
+    (tmp_path / "wrapper").write_text("#!/bin/sh\nexec true\n")
+    monkeypatch.setenv("PATH", tools + os.pathsep + os.environ["PATH"])
+    args = [f"{n}={tmp_path / n}" for n in ("wrapper", "main", "branch")]
+    assert kernel_hashes.main(args) == 0
+    out = capsys.readouterr().out
+    assert "wrapper: cuobjdump could not read" in out and "not compared" in out
+    assert "WARNING: branch has the same device code as main" in out
+    assert kernel_hashes.main([f"wrapper={tmp_path / 'wrapper'}"]) == 0
+    assert "not compared" in capsys.readouterr().out
+
+
 def test_bad_arguments_and_a_missing_cuobjdump(tmp_path, monkeypatch, capsys):
     assert kernel_hashes.main([]) == 2
     assert kernel_hashes.main(["no_equals_sign"]) == 2
