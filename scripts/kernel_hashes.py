@@ -92,7 +92,6 @@ def hashes_of(binary, cuobjdump):
     return families, kernels
 
 
-
 def main(args):
     pairs = [a.split("=", 1) for a in args]
     if not pairs or any(len(p) != 2 or not p[0] or not os.path.isfile(p[1]) for p in pairs):
