@@ -17,10 +17,22 @@
 // the snake no longer evens them out (the busiest block 3.4% over the mean at llama3-1b's long
 // context, 0.7% at the hero shape; `bench/tile_order_sim.py`). In the last round of a section
 // the blocks past its end take nothing and go on to the next section.
+//
+// A section's partial rounds are where the snake stops evening out, so its size is chosen for
+// the deal, not only for L2: among the sizes from half of what fits in L2 up to all of it (whole
+// GQA groups), the one whose busiest block has the least work in a model of the deal (a work tile
+// costs its key tiles plus a fixed ramp); the largest of equals. At GPT-2's shape on 396 blocks
+// (64-row tiles, three blocks an SM) 64 pairs fit, and a section of 64 and one of 32 put the
+// busiest block 5.6% over the mean, where two of 49 and 47 put it 3.1% over, the floor the longest
+// tile sets (docs/PERF.md, "L2 sections sized for an even deal").
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
 
 #include "core/host_device.h"
 
@@ -74,24 +86,98 @@ struct TileOrder {
 // "K and V sections of 16 MB of L2").
 inline constexpr int64_t kL2BytesForKv = int64_t{16} << 20;
 
-// The order of a problem's work tiles of block_m query rows and heads_per_tile query heads (of
-// one kv head: q_heads / kv_heads a multiple of it). Causal: later query blocks see more keys. A
-// window alone bounds keys from below, so earlier blocks see more.
-inline TileOrder make_tile_order(int64_t batch, int64_t seq_len, int64_t q_heads, int64_t kv_heads,
-                                 int64_t head_dim, bool causal, int block_m,
-                                 int heads_per_tile = 1) {
+// What the order of a problem's work tiles depends on: the problem (a window alone bounds keys
+// from below, so earlier query blocks see more keys; causal: later ones), the plan's tiles and
+// the persistent grid.
+struct TileDeal {
+  int64_t batch = 0, seq_len = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
+  bool causal = false;
+  int64_t window = 0;  // 0: none; keys >= query - (window - 1)
+  int block_m = 0, block_n = 0;
+  int heads_per_tile = 1;  // query heads of a work tile (of one kv head)
+  int grid = 1;            // persistent blocks
+
+  int q_blocks() const { return static_cast<int>((seq_len + block_m - 1) / block_m); }
+  int pairs() const { return static_cast<int>(q_heads / heads_per_tile * batch); }
+  int tiles() const { return q_blocks() * pairs(); }
+  // Key tiles of query block q under causal and window (segment ids unknown here).
+  int key_tiles(int q) const {
+    const int64_t q0 = int64_t{q} * block_m, q1 = std::min(q0 + block_m, seq_len);
+    const int64_t k0 = window > 0 ? std::max<int64_t>(0, q0 - (window - 1)) : 0;
+    const int64_t k1 = causal ? q1 : seq_len;
+    return static_cast<int>((k1 + block_n - 1) / block_n - k0 / block_n);
+  }
+  auto key() const {
+    return std::make_tuple(batch, seq_len, q_heads, kv_heads, head_dim, causal, window, block_m,
+                           block_n, heads_per_tile, grid);
+  }
+};
+
+// The deal's model: a work tile costs its key tiles plus this many for its ramp (its first scores
+// alone, its last P V alone, its epilogue: about 2.5 key tiles of instructions in the GPT-2
+// forward's profile, docs/PERF.md).
+inline constexpr int kWorkTileRampKeyTiles = 2;
+
+// The busiest block's work in that model when `order` is dealt to `grid` blocks by next_tile.
+inline int64_t busiest_block_work(const TileOrder& order, const TileDeal& d) {
+  std::vector<int64_t> cost(static_cast<size_t>(order.q_blocks));
+  for (int q = 0; q < order.q_blocks; ++q) {
+    cost[static_cast<size_t>(q)] = d.key_tiles(q) + kWorkTileRampKeyTiles;
+  }
+  std::vector<int64_t> load(static_cast<size_t>(d.grid), 0);
+  const int per = order.section_tiles();
+  const int rounds = (per + d.grid - 1) / d.grid;
+  for (int first = 0, section = 0; first < order.count(); first += per, ++section) {
+    const int size = std::min(per, order.count() - first);
+    for (int i = 0; i < size; ++i) {  // as next_tile deals it: round, then place in the snake
+      const int step = section * rounds + i / d.grid, place = i % d.grid;
+      const int block = step % 2 == 0 ? place : d.grid - 1 - place;
+      load[static_cast<size_t>(block)] += cost[static_cast<size_t>(order.at(first + i).q_block)];
+    }
+  }
+  return *std::max_element(load.begin(), load.end());
+}
+
+// The order of a problem's work tiles: sections of whole GQA groups from half of what fits in L2
+// (kL2BytesForKv) up to all of it, the size whose busiest block does the least (the largest of
+// equals).
+inline TileOrder make_tile_order(const TileDeal& d) {
   TileOrder order;
-  order.q_blocks = static_cast<int>((seq_len + block_m - 1) / block_m);
-  order.heads_per_tile = heads_per_tile;
-  order.q_heads = static_cast<int>(q_heads / heads_per_tile);
-  order.pairs = static_cast<int>(order.q_heads * batch);
-  order.last_block_first = causal;
-  const int64_t kv_head_bytes = int64_t{2} * seq_len * head_dim * 2;
+  order.q_blocks = d.q_blocks();
+  order.heads_per_tile = d.heads_per_tile;
+  order.q_heads = static_cast<int>(d.q_heads / d.heads_per_tile);
+  order.pairs = d.pairs();
+  order.last_block_first = d.causal;
+  const int64_t kv_head_bytes = int64_t{2} * d.seq_len * d.head_dim * 2;
   int64_t kv_heads_fit = 1;
   while (kv_heads_fit * 2 * kv_head_bytes <= kL2BytesForKv) kv_heads_fit *= 2;
-  order.section_pairs = static_cast<int>(
-      std::min<int64_t>(kv_heads_fit * (q_heads / kv_heads / heads_per_tile), order.pairs));
+  const int group = static_cast<int>(d.q_heads / d.kv_heads / d.heads_per_tile);
+  const int fit = static_cast<int>(std::min<int64_t>(kv_heads_fit * group, order.pairs));
+  order.section_pairs = fit;
+  if (order.count() <= 0 || d.grid <= 1) return order;
+  int64_t best = busiest_block_work(order, d);
+  for (int pairs = fit - group; pairs > 0 && 2 * pairs >= fit; pairs -= group) {
+    TileOrder candidate = order;
+    candidate.section_pairs = pairs;
+    const int64_t work = busiest_block_work(candidate, d);
+    if (work < best) {
+      best = work;
+      order.section_pairs = pairs;
+    }
+  }
   return order;
+}
+
+// make_tile_order's answer, computed once per deal: its search over section sizes takes 0.2-0.6
+// ms of host time at the bench's shapes and 9 ms at B=256 S=512 (one CPU core), where the forward
+// it orders may take 50 us.
+inline TileOrder cached_tile_order(const TileDeal& d) {
+  static std::mutex mutex;
+  static std::map<decltype(d.key()), TileOrder> cache;
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(d.key());
+  if (it == cache.end()) it = cache.emplace(d.key(), make_tile_order(d)).first;
+  return it->second;
 }
 
 }  // namespace ft::attention

@@ -794,8 +794,11 @@ void launch_tma_forward(const FlashParams& p, cudaStream_t stream) {
   a.o = head_tensor_map(p.o, p.batch, p.seq_len, p.q_heads, P.head_dim,
                         int64_t{p.q_heads} * P.head_dim, 64);
   a.p = p;
-  a.order = make_tile_order(p.batch, p.seq_len, p.q_heads, p.kv_heads, p.head_dim, p.causal,
-                            P.block_m, P.heads);
+  TileDeal deal{p.batch, p.seq_len, p.q_heads, p.kv_heads, p.head_dim, p.causal, p.window,
+                P.block_m, P.block_n, P.heads};
+  // Persistent: blocks_per_sm() blocks on every SM.
+  deal.grid = std::min(deal.tiles(), sm_count() * P.blocks_per_sm());
+  a.order = cached_tile_order(deal);
   auto kernel =
       p.segment_ids != nullptr ? tma_forward_kernel<PLAN, true> : tma_forward_kernel<PLAN, false>;
   if constexpr (P.blocks_per_sm() > 1) {
@@ -804,9 +807,7 @@ void launch_tma_forward(const FlashParams& p, cudaStream_t stream) {
     FT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                        cudaSharedmemCarveoutMaxShared));
   }
-  // Persistent: blocks_per_sm() blocks on every SM.
-  const int grid = std::min(a.order.count(), sm_count() * P.blocks_per_sm());
-  launch_with_smem(kernel, grid, P.threads(), static_cast<int>(P.smem_bytes()), stream, a);
+  launch_with_smem(kernel, deal.grid, P.threads(), static_cast<int>(P.smem_bytes()), stream, a);
 }
 
 }  // namespace tma_detail
