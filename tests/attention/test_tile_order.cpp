@@ -61,11 +61,13 @@ std::vector<std::vector<int>> deal(const TileOrder& order, int grid) {
 }
 
 TileDeal deal_of(const Shape& s) {
-  return {s.batch,   s.seq_len, s.q_heads, s.kv_heads, s.head_dim, s.causal,
-          s.window,  s.block_m, s.block_n, s.heads,    s.grid};
+  return {s.batch,  s.seq_len, s.q_heads, s.kv_heads, s.head_dim, s.causal,
+          s.window, s.block_m, s.block_n, s.heads,    s.grid};
 }
 
-TileOrder order_of(const Shape& s) { return make_tile_order(deal_of(s)); }
+TileOrder order_of(const Shape& s) {
+  return make_tile_order(deal_of(s));
+}
 
 // The order with the sections of the largest size that fits in L2 (the rule before the deal
 // chose it).
