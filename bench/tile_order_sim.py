@@ -7,9 +7,10 @@ key tiles (plus a fixed cost per work tile, --ramp, in the same unit), then the 
 total against the mean for
   - sections: the kernel's deal (TileOrder::next_tile: each section dealt in rounds of one tile
     a block, in a snake: walk step s gives block b the round's tile b, or grid - 1 - b when s is
-    odd) with the section size make_tile_order chooses: among whole GQA groups from half of what
-    fits in 16 MiB of L2 up to all of it, the size whose busiest block does the least with a
-    ramp of 2 key tiles a work tile (kWorkTileRampKeyTiles), the largest of equals;
+    odd) with the section size make_tile_order chooses: under a causal mask alone, among whole
+    GQA groups from half of what fits in 16 MiB of L2 up to all of it, the size whose busiest
+    block does the least with a ramp of 2 key tiles a work tile (kWorkTileRampKeyTiles), the
+    largest of equals (with a window or documents, the largest that fit);
   - largest: the same deal with the largest sections that fit (the rule before 2026-12-07);
   - one list: the deal before 2026-12-05 (the same snake over the whole list, so that rounds
     straddle sections);
@@ -61,8 +62,10 @@ def key_tiles(seq_len, block_m, block_n, batch, q_heads, kv_heads, head_dim, cau
 
 def chosen_section_pairs(shape, grid):
     """make_tile_order's section size for shape (the key_tiles arguments before section_pairs)."""
-    seq_len, _, _, batch, q_heads, kv_heads, head_dim, _, _ = shape
+    seq_len, _, _, batch, q_heads, kv_heads, head_dim, causal, window = shape
     fit, group = fit_pairs(seq_len, batch, q_heads, kv_heads, head_dim)
+    if not causal or window:  # the model's choice is made under a causal mask alone
+        return fit
 
     def busiest(pairs):
         tiles, per = key_tiles(*shape, section_pairs=pairs)

@@ -18,13 +18,14 @@
 // context, 0.7% at the hero shape; `bench/tile_order_sim.py`). In the last round of a section
 // the blocks past its end take nothing and go on to the next section.
 //
-// A section's partial rounds are where the snake stops evening out, so its size is chosen for
-// the deal, not only for L2: among the sizes from half of what fits in L2 up to all of it (whole
-// GQA groups), the one whose busiest block has the least work in a model of the deal (a work tile
-// costs its key tiles plus a fixed ramp); the largest of equals. At GPT-2's shape on 396 blocks
-// (64-row tiles, three blocks an SM) 64 pairs fit, and a section of 64 and one of 32 put the
-// busiest block 5.6% over the mean, where two of 49 and 47 put it 3.1% over, the floor the longest
-// tile sets (docs/PERF.md, "L2 sections sized for an even deal").
+// A section's partial rounds are where the snake stops evening out, so under a causal mask alone
+// its size is chosen for the deal, not only for L2: among the sizes from half of what fits in L2
+// up to all of it (whole GQA groups), the one whose busiest block has the least work in a model of
+// the deal (a work tile costs its key tiles plus a fixed ramp); the largest of equals. At GPT-2's
+// shape on 396 blocks (64-row tiles, three blocks an SM) 64 pairs fit, and a section of 64 and one
+// of 32 put the busiest block 5.6% over the mean, where two of 49 and 47 put it 3.1% over, the
+// floor the longest tile sets (docs/PERF.md, "L2 sections sized for an even deal": 1.9% faster on
+// an H100). With a window or documents the sections are the largest that fit.
 #pragma once
 
 #include <algorithm>
@@ -94,8 +95,9 @@ struct TileDeal {
   bool causal = false;
   int64_t window = 0;  // 0: none; keys >= query - (window - 1)
   int block_m = 0, block_n = 0;
-  int heads_per_tile = 1;  // query heads of a work tile (of one kv head)
-  int grid = 1;            // persistent blocks
+  int heads_per_tile = 1;    // query heads of a work tile (of one kv head)
+  int grid = 1;              // persistent blocks
+  bool segment_ids = false;  // documents: they hide tiles that key_tiles() counts
 
   int q_blocks() const { return static_cast<int>((seq_len + block_m - 1) / block_m); }
   int pairs() const { return static_cast<int>(q_heads / heads_per_tile * batch); }
@@ -109,7 +111,7 @@ struct TileDeal {
   }
   auto key() const {
     return std::make_tuple(batch, seq_len, q_heads, kv_heads, head_dim, causal, window, block_m,
-                           block_n, heads_per_tile, grid);
+                           block_n, heads_per_tile, grid, segment_ids);
   }
 };
 
@@ -138,9 +140,11 @@ inline int64_t busiest_block_work(const TileOrder& order, const TileDeal& d) {
   return *std::max_element(load.begin(), load.end());
 }
 
-// The order of a problem's work tiles: sections of whole GQA groups from half of what fits in L2
-// (kL2BytesForKv) up to all of it, the size whose busiest block does the least (the largest of
-// equals).
+// The order of a problem's work tiles. Under a causal mask alone, sections of whole GQA groups
+// from half of what fits in L2 (kL2BytesForKv) up to all of it, the size whose busiest block does
+// the least (the largest of equals); otherwise the largest that fit. Window 512 + 5 documents ran
+// 3.7% slower with the model's 14 pairs a section than with 16 (its documents hide tiles the
+// model counts; a window alone is not measured), GPT-2 1.9% faster with 49 of 64 (docs/PERF.md).
 inline TileOrder make_tile_order(const TileDeal& d) {
   TileOrder order;
   order.q_blocks = d.q_blocks();
@@ -154,7 +158,8 @@ inline TileOrder make_tile_order(const TileDeal& d) {
   const int group = static_cast<int>(d.q_heads / d.kv_heads / d.heads_per_tile);
   const int fit = static_cast<int>(std::min<int64_t>(kv_heads_fit * group, order.pairs));
   order.section_pairs = fit;
-  if (order.count() <= 0 || d.grid <= 1) return order;
+  const bool modelled = d.causal && d.window == 0 && !d.segment_ids;
+  if (!modelled || order.count() <= 0 || d.grid <= 1) return order;
   int64_t best = busiest_block_work(order, d);
   for (int pairs = fit - group; pairs > 0 && 2 * pairs >= fit; pairs -= group) {
     TileOrder candidate = order;

@@ -798,6 +798,7 @@ void launch_tma_forward(const FlashParams& p, cudaStream_t stream) {
                 p.causal, p.window,  P.block_m, P.block_n,  P.heads};
   // Persistent: blocks_per_sm() blocks on every SM.
   deal.grid = std::min(deal.tiles(), sm_count() * P.blocks_per_sm());
+  deal.segment_ids = p.segment_ids != nullptr;
   a.order = cached_tile_order(deal);
   auto kernel =
       p.segment_ids != nullptr ? tma_forward_kernel<PLAN, true> : tma_forward_kernel<PLAN, false>;
