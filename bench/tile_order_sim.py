@@ -143,9 +143,11 @@ def main():
         mean = sum(costs) / grid
         big, big_per = key_tiles(*shape, section_pairs=largest)
         big = [a.ramp + k for k in big]
+        balance = [mean / snake(costs, grid, per_section), mean / snake(big, grid, big_per),
+                   mean / snake(big, grid), mean / dynamic(big, grid)]
         print(f"{name:16} {len(costs):6} {grid:6} {f'{chosen} of {largest}':>11} "
-              f"{mean / snake(costs, grid, per_section):8.3f} {mean / snake(big, grid, big_per):8.3f} "
-              f"{mean / snake(big, grid):8.3f} {mean / dynamic(big, grid):8.3f}")
+              + " ".join(f"{x:8.3f}" for x in balance))
+
 
 if __name__ == "__main__":
     main()
