@@ -35,6 +35,7 @@
 #include <tuple>
 #include <vector>
 
+#include "attention/mask_bounds.h"
 #include "core/host_device.h"
 
 namespace ft::attention {
@@ -92,26 +93,31 @@ inline constexpr int64_t kL2BytesForKv = int64_t{16} << 20;
 // the persistent grid.
 struct TileDeal {
   int64_t batch = 0, seq_len = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
-  bool causal = false;
-  int64_t window = 0;  // 0: none; keys >= query - (window - 1)
+  Mask mask;  // segment ids (documents) hide tiles that key_tiles() counts
   int block_m = 0, block_n = 0;
-  int heads_per_tile = 1;    // query heads of a work tile (of one kv head)
-  int grid = 1;              // persistent blocks
-  bool segment_ids = false;  // documents: they hide tiles that key_tiles() counts
+  int heads_per_tile = 1;  // query heads of a work tile (of one kv head)
+  int grid = 1;            // persistent blocks
 
   int q_blocks() const { return static_cast<int>((seq_len + block_m - 1) / block_m); }
   int pairs() const { return static_cast<int>(q_heads / heads_per_tile * batch); }
   int tiles() const { return q_blocks() * pairs(); }
   // Key tiles of query block q under causal and window (segment ids unknown here).
   int key_tiles(int q) const {
-    const int64_t q0 = int64_t{q} * block_m, q1 = std::min(q0 + block_m, seq_len);
-    const int64_t k0 = window > 0 ? std::max<int64_t>(0, q0 - (window - 1)) : 0;
-    const int64_t k1 = causal ? q1 : seq_len;
-    return static_cast<int>((k1 + block_n - 1) / block_n - k0 / block_n);
+    const int64_t q0 = int64_t{q} * block_m;
+    const PositionRange keys = key_range(mask, q0, std::min(q0 + block_m, seq_len), seq_len);
+    return static_cast<int>((keys.end + block_n - 1) / block_n - keys.begin / block_n);
   }
+  // The most pairs whose K and V fit in kL2BytesForKv, in whole GQA groups.
+  int largest_section_pairs() const {
+    const int64_t kv_head_bytes = int64_t{2} * seq_len * head_dim * 2;
+    int64_t kv_heads_fit = 1;
+    while (kv_heads_fit * 2 * kv_head_bytes <= kL2BytesForKv) kv_heads_fit *= 2;
+    return static_cast<int>(std::min<int64_t>(kv_heads_fit * group(), pairs()));
+  }
+  int group() const { return static_cast<int>(q_heads / kv_heads / heads_per_tile); }
   auto key() const {
-    return std::make_tuple(batch, seq_len, q_heads, kv_heads, head_dim, causal, window, block_m,
-                           block_n, heads_per_tile, grid, segment_ids);
+    return std::make_tuple(batch, seq_len, q_heads, kv_heads, head_dim, mask.causal, mask.window,
+                           mask.has_segments, block_m, block_n, heads_per_tile, grid);
   }
 };
 
@@ -151,17 +157,13 @@ inline TileOrder make_tile_order(const TileDeal& d) {
   order.heads_per_tile = d.heads_per_tile;
   order.q_heads = static_cast<int>(d.q_heads / d.heads_per_tile);
   order.pairs = d.pairs();
-  order.last_block_first = d.causal;
-  const int64_t kv_head_bytes = int64_t{2} * d.seq_len * d.head_dim * 2;
-  int64_t kv_heads_fit = 1;
-  while (kv_heads_fit * 2 * kv_head_bytes <= kL2BytesForKv) kv_heads_fit *= 2;
-  const int group = static_cast<int>(d.q_heads / d.kv_heads / d.heads_per_tile);
-  const int fit = static_cast<int>(std::min<int64_t>(kv_heads_fit * group, order.pairs));
+  order.last_block_first = d.mask.causal;
+  const int fit = d.largest_section_pairs();
   order.section_pairs = fit;
-  const bool modelled = d.causal && d.window == 0 && !d.segment_ids;
+  const bool modelled = d.mask.causal && d.mask.window == 0 && !d.mask.has_segments;
   if (!modelled || order.count() <= 0 || d.grid <= 1) return order;
   int64_t best = busiest_block_work(order, d);
-  for (int pairs = fit - group; pairs > 0 && 2 * pairs >= fit; pairs -= group) {
+  for (int pairs = fit - d.group(); pairs > 0 && 2 * pairs >= fit; pairs -= d.group()) {
     TileOrder candidate = order;
     candidate.section_pairs = pairs;
     const int64_t work = busiest_block_work(candidate, d);

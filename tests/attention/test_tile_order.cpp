@@ -61,8 +61,8 @@ std::vector<std::vector<int>> deal(const TileOrder& order, int grid) {
 }
 
 TileDeal deal_of(const Shape& s) {
-  return {s.batch,  s.seq_len, s.q_heads, s.kv_heads, s.head_dim, s.causal,
-          s.window, s.block_m, s.block_n, s.heads,    s.grid};
+  return {s.batch,   s.seq_len, s.q_heads, s.kv_heads, s.head_dim, Mask{s.causal, s.window, false},
+          s.block_m, s.block_n, s.heads,   s.grid};
 }
 
 TileOrder order_of(const Shape& s) {
@@ -73,11 +73,7 @@ TileOrder order_of(const Shape& s) {
 // chose it).
 TileOrder largest_sections(const Shape& s) {
   TileOrder order = order_of(s);
-  const int64_t kv_head_bytes = int64_t{2} * s.seq_len * s.head_dim * 2;
-  int64_t fit = 1;
-  while (fit * 2 * kv_head_bytes <= kL2BytesForKv) fit *= 2;
-  order.section_pairs =
-      static_cast<int>(std::min<int64_t>(fit * (s.q_heads / s.kv_heads / s.heads), order.pairs));
+  order.section_pairs = deal_of(s).largest_section_pairs();
   return order;
 }
 
@@ -166,10 +162,12 @@ TEST(TileOrder, SectionsSizedForAnEvenDeal) {
   for (const char* name : {"window_docs_64rows", "window_docs_two_heads"}) {
     SCOPED_TRACE(name);
     EXPECT_EQ(order_of(shape(name)).section_pairs, largest_sections(shape(name)).section_pairs);
-    TileDeal documents = deal_of(shape("gpt2_64rows"));
-    documents.segment_ids = true;
-    EXPECT_EQ(make_tile_order(documents).section_pairs, 64);
   }
+  TileDeal documents = deal_of(shape("gpt2_64rows")), window = documents;
+  documents.mask.has_segments = true;
+  window.mask.window = 256;
+  EXPECT_EQ(make_tile_order(documents).section_pairs, 64);
+  EXPECT_EQ(make_tile_order(window).section_pairs, 64);
   const Shape& gpt2 = shape("gpt2_64rows");
   const TileDeal d = deal_of(gpt2);
   const TileOrder order = order_of(gpt2);

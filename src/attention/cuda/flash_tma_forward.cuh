@@ -794,11 +794,11 @@ void launch_tma_forward(const FlashParams& p, cudaStream_t stream) {
   a.o = head_tensor_map(p.o, p.batch, p.seq_len, p.q_heads, P.head_dim,
                         int64_t{p.q_heads} * P.head_dim, 64);
   a.p = p;
-  TileDeal deal{p.batch,  p.seq_len, p.q_heads, p.kv_heads, p.head_dim,
-                p.causal, p.window,  P.block_m, P.block_n,  P.heads};
+  TileDeal deal{p.batch,    p.seq_len,  p.q_heads,
+                p.kv_heads, p.head_dim, Mask{p.causal, p.window, p.segment_ids != nullptr},
+                P.block_m,  P.block_n,  P.heads};
   // Persistent: blocks_per_sm() blocks on every SM.
   deal.grid = std::min(deal.tiles(), sm_count() * P.blocks_per_sm());
-  deal.segment_ids = p.segment_ids != nullptr;
   a.order = cached_tile_order(deal);
   auto kernel =
       p.segment_ids != nullptr ? tma_forward_kernel<PLAN, true> : tma_forward_kernel<PLAN, false>;
