@@ -51,6 +51,9 @@ CUtensorMap head_tensor_map(const void* base, int batch, int seq_len, int heads,
                             int64_t row_elems, int box_rows);
 // Multiprocessors of the current device (tensor_map.cu).
 int sm_count();
+// The two counters of the claimed work-tile deal (TmaForwardArgs::claims) for the stream the
+// launch will run on, zero; null where the launch deals by TileOrder instead (tensor_map.cu).
+int* tma_forward_claims();
 
 namespace tma_detail {
 
@@ -68,6 +71,48 @@ struct TmaForwardArgs {
   CUtensorMap q, k, v, o;
   FlashParams p;
   TileOrder order;
+  // Two counters of the launch's stream (zero between launches): with them the blocks claim
+  // their work tiles in the order's list, one at a time (a block's first is its index; then the
+  // next unclaimed one, when its producer is ready for it), so a block that runs ahead takes more;
+  // the last block to finish sets both back to zero. Null: TileOrder's static deal.
+  int* claims = nullptr;
+};
+
+// Where a block's producer gets its work tiles: TileOrder's deal (next_tile), or claims on the
+// launch's counter (TmaForwardArgs::claims). The consumers learn each tile from the producer
+// (with claims, through the Q slot's tile id) or, dealt, compute it as it does.
+struct TileSource {
+  const TmaForwardArgs& a;
+  int step = 0;  // the deal's walk step
+
+  __device__ int first() {
+    if (a.claims != nullptr) {
+      const int block = static_cast<int>(blockIdx.x);
+      return block < a.order.count() ? block : -1;
+    }
+    return a.order.next_tile(step, blockIdx.x, gridDim.x);
+  }
+  // The block's next work tile, or -1 (the whole warp calls it; lane 0 claims).
+  __device__ int next(int lane) {
+    if (a.claims == nullptr) {
+      ++step;
+      return a.order.next_tile(step, blockIdx.x, gridDim.x);
+    }
+    int t = 0;
+    if (lane == 0) t = static_cast<int>(gridDim.x) + atomicAdd(a.claims, 1);
+    t = __shfl_sync(0xffffffffu, t, 0);
+    return t < a.order.count() ? t : -1;
+  }
+  // After the block's last claim: the last block to get here zeroes the counters for the next
+  // launch on the stream (every block's claims come before its count here).
+  __device__ void finish(int lane) const {
+    if (a.claims == nullptr || lane != 0) return;
+    __threadfence();
+    if (atomicAdd(a.claims + 1, 1) == static_cast<int>(gridDim.x) - 1) {
+      atomicExch(a.claims, 0);
+      atomicExch(a.claims + 1, 0);
+    }
+  }
 };
 
 // ---- shared memory ----
@@ -82,12 +127,16 @@ struct Smem {
   static constexpr int64_t kTable = kV + P.v_stages() * P.tile_bytes(P.block_n);
   static constexpr int64_t kBarriers = kTable + P.table_bytes();
   static constexpr int kBarrierCount = 2 * kQSlots + 2 * P.stages + 2 * P.v_stages();
+  // After the barriers: each Q slot's work tile (claimed tiles: the producer writes it before Q's
+  // full barrier arrives; -1 ends the walk).
+  static constexpr int64_t kTileIds = kBarriers + kBarrierCount * 8;
   static_assert(kBarriers + TmaForwardPlan::barrier_bytes() + TmaForwardPlan::align_slack() ==
                     P.smem_bytes(),
                 "the kernel's layout is the plan's byte count");
   static_assert(kK % 1024 == 0 && kV % 1024 == 0, "panels on 1024 bytes");
-  static_assert(kBarriers % 8 == 0 && kBarrierCount * 8 <= TmaForwardPlan::barrier_bytes(),
-                "barriers fit");
+  static_assert(kBarriers % 8 == 0 &&
+                    kBarrierCount * 8 + kQSlots * 4 <= TmaForwardPlan::barrier_bytes(),
+                "barriers and tile ids fit");
   // Between the output's 64-column panels (elements): it lies in its Q slot's panels.
   static constexpr int kOPanelStride = P.q_rows() * kPanel;
 
@@ -113,6 +162,9 @@ struct Smem {
   }
   __device__ uint64_t* barrier(int i) const {
     return reinterpret_cast<uint64_t*>(base + kBarriers) + i;
+  }
+  __device__ volatile int* tile_id(int slot) const {
+    return reinterpret_cast<volatile int*>(base + kTileIds) + slot;
   }
   __device__ uint64_t* q_full(int s) const { return barrier(s); }
   __device__ uint64_t* q_empty(int s) const { return barrier(kQSlots + s); }
@@ -271,8 +323,12 @@ __device__ __forceinline__ void produce(const TmaForwardArgs& a, const Smem<PLAN
   // A work tile's segment table (the block's work tiles alternate between two, by their local
   // index) and its Q into the next Q slot, once the tile that used the slot has stored its
   // output from it (with two slots: the tile before last, whose table this one takes).
-  auto stage_q = [&](const WorkTile& w, int local) {
-    if (lane == 0) mbar_wait(s.q_empty(q_ring.slot), q_ring.parity ^ 1);
+  auto stage_q = [&](int t, int local) {
+    const WorkTile w = a.order.at(t);
+    if (lane == 0) {
+      mbar_wait(s.q_empty(q_ring.slot), q_ring.parity ^ 1);
+      *s.tile_id(q_ring.slot) = t;
+    }
     __syncwarp();
     KeyTiles<P.block_m, P.block_n, P.table_tiles(), SEG> tiles(a.p, w, s.table_ids(local & 1),
                                                                s.table_covers(local & 1), true);
@@ -309,8 +365,8 @@ __device__ __forceinline__ void produce(const TmaForwardArgs& a, const Smem<PLAN
   // than 56 registers (three consumer groups, three blocks an SM) spills the second table walk
   // (head dim 64: 36 -> 152 bytes): all of these stage the next tile after the walk.
   constexpr bool kStageEarly = SEG && Smem<PLAN>::kQSlots > 1 && P.producer_registers(SEG) >= 56;
-  int step = 0;  // the block's walk through the deal
-  int t = a.order.next_tile(step, blockIdx.x, gridDim.x);
+  TileSource source{a};
+  int t = source.first();
   bool staged = false;  // whether tile t's table and Q were asked for during the tile before
   for (int local = 0; t >= 0; ++local) {
     const WorkTile w = a.order.at(t);
@@ -319,10 +375,9 @@ __device__ __forceinline__ void produce(const TmaForwardArgs& a, const Smem<PLAN
     const KeyTiles<P.block_m, P.block_n, P.table_tiles(), SEG> tiles =
         staged ? KeyTiles<P.block_m, P.block_n, P.table_tiles(), SEG>(
                      a.p, w, s.table_ids(local & 1), s.table_covers(local & 1), false)
-               : stage_q(w, local);
-    int next_step = step + 1;
+               : stage_q(t, local);
     int next = -1;
-    if constexpr (kStageEarly) next = a.order.next_tile(next_step, blockIdx.x, gridDim.x);
+    bool known = false;  // whether next is
     staged = false;
     int asked = 0;
     for (int kb = tiles.next_visible(tiles.begin); kb < tiles.end;
@@ -333,16 +388,29 @@ __device__ __forceinline__ void produce(const TmaForwardArgs& a, const Smem<PLAN
       load_kv(&a.v, s.v(v.slot), s.v_full(v.slot), s.v_empty(v.slot), v.parity, kb, w);
       kv_rings.advance();
       if constexpr (kStageEarly) {
-        if (++asked == P.stages + 1 && next >= 0) {
-          stage_q(a.order.at(next), local + 1);
-          staged = true;
+        if (++asked == P.stages + 1) {
+          next = source.next(lane);
+          known = true;
+          if (next >= 0) {
+            stage_q(next, local + 1);
+            staged = true;
+          }
         }
       }
     }
-    if constexpr (!kStageEarly) next = a.order.next_tile(next_step, blockIdx.x, gridDim.x);
-    step = next_step;
+    if (!known) next = source.next(lane);
     t = next;
   }
+  // Claimed tiles: the consumers wait on the next Q slot for a tile id, which ends their walk.
+  if (a.claims != nullptr) {
+    if (lane == 0) {
+      mbar_wait(s.q_empty(q_ring.slot), q_ring.parity ^ 1);
+      *s.tile_id(q_ring.slot) = -1;
+    }
+    __syncwarp();
+    mbar_arrive(s.q_full(q_ring.slot));
+  }
+  source.finish(lane);
 }
 
 // ---- consumer pieces ----
@@ -574,7 +642,14 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
   RingPosition<P.stages> k_ring;
   RingPosition<P.v_stages()> v_ring;
   for (int local = 0, step = 0;; ++local, ++step) {  // as the producer walks
-    const int t = a.order.next_tile(step, blockIdx.x, gridDim.x);
+    int t;
+    if (a.claims != nullptr) {  // claimed: the producer names the tile beside its Q
+      if (unreleased_slot == q_ring.slot) release_stored_slot();
+      mbar_wait(s.q_full(q_ring.slot), q_ring.parity);
+      t = *s.tile_id(q_ring.slot);
+    } else {
+      t = a.order.next_tile(step, blockIdx.x, gridDim.x);
+    }
     if (t < 0) break;
     const WorkTile w = a.order.at(t);
     const KeyTiles<BM, BN, P.table_tiles(), SEG> tiles(p, w, s.table_ids(local & 1),
@@ -800,6 +875,7 @@ void launch_tma_forward(const FlashParams& p, cudaStream_t stream) {
   // Persistent: blocks_per_sm() blocks on every SM.
   deal.grid = std::min(deal.tiles(), sm_count() * P.blocks_per_sm());
   a.order = cached_tile_order(deal);
+  a.claims = tma_forward_claims();
   auto kernel =
       p.segment_ids != nullptr ? tma_forward_kernel<PLAN, true> : tma_forward_kernel<PLAN, false>;
   if constexpr (P.blocks_per_sm() > 1) {

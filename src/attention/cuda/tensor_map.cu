@@ -6,12 +6,16 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 
 #include "attention/cuda/flash_tma_backward.cuh"
 #include "attention/cuda/flash_tma_forward.cuh"
 #include "core/cuda/check.h"
+#include "core/cuda/graph.h"
+#include "core/tensor.h"
 
 namespace ft::attention::cuda {
 namespace {
@@ -99,6 +103,28 @@ int sm_count() {
 
 int64_t l2_bytes() {
   return device_attribute(cudaDevAttrL2CacheSize);
+}
+
+int* tma_forward_claims() {
+  // Probe switch while the claimed deal is measured against TileOrder's: FT_PROBE_DEAL=claims.
+  static const bool claims = [] {
+    const char* v = std::getenv("FT_PROBE_DEAL");
+    return v != nullptr && std::strcmp(v, "claims") == 0;
+  }();
+  if (!claims) return nullptr;
+  // One pair per device and stream a thread launches on, never freed (two words each). Launches
+  // on one stream run one after the other, and each leaves its counters at zero.
+  thread_local std::map<std::pair<int, cudaStream_t>, Tensor*> counters;
+  int device = 0;
+  FT_CUDA_CHECK(cudaGetDevice(&device));
+  Tensor*& c = counters[{device, ft::cuda::execution_stream()}];
+  if (c == nullptr) {
+    // Zeroed in stream order on the stream that will read them: not inside a capture, whose
+    // graph would zero them only when replayed.
+    if (ft::cuda::capturing()) return nullptr;
+    c = new Tensor(Tensor::zeros({2}, DType::i32, Device::cuda));
+  }
+  return static_cast<int*>(c->raw());
 }
 
 }  // namespace ft::attention::cuda
