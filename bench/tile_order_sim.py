@@ -14,8 +14,9 @@ total against the mean for
   - largest: the same deal with the largest sections that fit (the rule before 2026-12-07);
   - one list: the deal before 2026-12-05 (the same snake over the whole list, so that rounds
     straddle sections);
-  - dynamic: each block takes the next tile of the list when it starts its current one (an
-    atomic counter read by the producer one tile ahead; not implemented).
+  - claims: each block takes the next tile of the list when its producer has asked for the
+    current one's last key tile, --lead key tiles before the tile ends (the ring's depth: the
+    claimed deal of branch fwd-dynamic, FT_PROBE_DEAL=claims).
 No GPU: a model of the schedule only (every key tile costs the same, no clocks, no L2).
 
   python3 bench/tile_order_sim.py                      # the bench's cases
@@ -94,15 +95,17 @@ def snake(costs, grid, section_tiles=None):
     return max(load)
 
 
-def dynamic(costs, grid):
-    ends = list(costs[:grid])  # each block's queued work ends here
-    claims = [(0.0, b) for b in range(len(ends))]  # a block claims its next at its current's start
-    heapq.heapify(claims)
+def claims(costs, grid, lead):
+    """The last block's end when each block claims the list's next tile lead before its current
+    one ends (its first tile: its index)."""
+    ends = list(costs[:grid])  # each block's claimed work ends here
+    ready = [(max(0.0, e - lead), b) for b, e in enumerate(ends)]  # when each claims its next
+    heapq.heapify(ready)
     for c in costs[grid:]:
-        _, b = heapq.heappop(claims)
+        _, b = heapq.heappop(ready)
         start = ends[b]
         ends[b] = start + c
-        heapq.heappush(claims, (start, b))
+        heapq.heappush(ready, (max(start, ends[b] - lead), b))
     return max(ends)
 
 
@@ -126,13 +129,15 @@ def main():
     ap.add_argument("--block-n", type=int, default=128)
     ap.add_argument("--blocks", type=int, default=132, help="persistent blocks (H200: 132 SMs)")
     ap.add_argument("--ramp", type=float, default=0.0, help="fixed cost a work tile, in key tiles")
+    ap.add_argument("--lead", type=float, default=2.0,
+                    help="claims: key tiles before a tile's end that its block claims the next")
     a = ap.parse_args()
     cases = CASES
     if a.shape:
         b, s, hq, hkv, d = (int(x) for x in a.shape.split(","))
         cases = {a.shape: (s, b, hq, hkv, d, not a.no_causal, a.window, a.block_m, a.block_n, None)}
     print(f"{'case':16} {'tiles':>6} {'blocks':>6} {'pairs':>11} {'sections':>8} {'largest':>8} "
-          f"{'one list':>8} {'dynamic':>8}  (mean block / busiest block)")
+          f"{'one list':>8} {'claims':>8}  (mean block / busiest block)")
     for name, (s, b, hq, hkv, d, causal, window, bm, bn, blocks) in cases.items():
         grid = blocks or a.blocks
         shape = (s, bm, bn, b, hq, hkv, d, causal, window)
@@ -144,7 +149,7 @@ def main():
         big, big_per = key_tiles(*shape, section_pairs=largest)
         big = [a.ramp + k for k in big]
         balance = [mean / snake(costs, grid, per_section), mean / snake(big, grid, big_per),
-                   mean / snake(big, grid), mean / dynamic(big, grid)]
+                   mean / snake(big, grid), mean / claims(costs, grid, a.lead)]
         print(f"{name:16} {len(costs):6} {grid:6} {f'{chosen} of {largest}':>11} "
               + " ".join(f"{x:8.3f}" for x in balance))
 
