@@ -16,7 +16,7 @@ total against the mean for
     straddle sections);
   - claims: each block takes the next tile of the list when its producer has asked for the
     current one's last key tile, --lead key tiles before the tile ends (the ring's depth: the
-    claimed deal of branch fwd-dynamic, FT_PROBE_DEAL=claims).
+    claimed work tiles, the default since session 60; the deal above is FT_TMA_DEAL=static).
 No GPU: a model of the schedule only (every key tile costs the same, no clocks, no L2).
 
   python3 bench/tile_order_sim.py                      # the bench's cases

@@ -2,6 +2,13 @@
 // one head of one batch row; flash_tma_forward.cuh). Plain C++ shared by the kernel and the CPU
 // tests, which check that every tile is dealt exactly once and how evenly.
 //
+// By default the blocks claim the list's tiles one at a time from a counter, each when its
+// producer is ready for the next (TmaForwardArgs::claims): 2-15% faster than the static deal
+// below on an H100 (docs/PERF.md, session 60), which assumes blocks of one speed. The deal stays
+// as the claims' twin (FT_TMA_DEAL=static; the GPU tests compare the two bit for bit) and for a
+// CUDA graph captured on a stream with no counters yet. The list's sections and their sizes
+// below were chosen for the deal and are kept with claims (the claims were measured with them).
+//
 // (head, batch row) pairs are cut into sections whose K and V fit in L2 together; inside a
 // section the query blocks go from the most keys to the fewest (causal: the last query block
 // first), so the longest tiles start first and the short ones fill the section's tail. Heads of

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <tuple>
@@ -20,6 +21,7 @@
 
 #include "attention/kernel_config.h"
 #include "attention_test_util.h"
+#include "core/graph.h"
 #include "core/npy.h"
 #include "cuda_test_util.h"
 #include "test_util.h"
@@ -255,6 +257,96 @@ TEST_F(CudaFlashTest, TmaForwardBlocksOfSeveralWorkTilesMatchNaiveFp32) {
       in.problem.scale = c.scale;
       check_against_naive_fp32(ft::str("several tiles a block d", head_dim, " ", c.name), in,
                                configs_under_test(in.problem));
+    }
+  }
+}
+
+// The tma forward's blocks claim their work tiles from a counter of the stream (the default) or
+// take TileOrder's static deal (FT_TMA_DEAL=static): each tile is computed the same way by
+// whichever block takes it, so both give the same bits. 4 x 8 heads of 1500 positions are two or
+// more work tiles a block at every plan (claims past the first), causal, and a window with
+// documents (tiles the documents hide). Four claimed forwards queued back to back, with no
+// synchronisation between them, give the same bits too: each launch finds the counters that the
+// one before left at zero.
+TEST_F(CudaFlashTest, TmaForwardClaimedWorkTilesGiveTheDealtBits) {
+  const DeviceLimits& device = DeviceLimits::current();
+  struct DealScope {  // FT_TMA_DEAL while the scope lasts; unset after it, as the suite runs
+    explicit DealScope(const char* deal) { setenv("FT_TMA_DEAL", deal, 1); }
+    ~DealScope() { unsetenv("FT_TMA_DEAL"); }
+  };
+  auto same_bits = [](const Tensor& x, const Tensor& y) {
+    const Tensor a = x.to(Device::cpu), b = y.to(Device::cpu);
+    return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+  };
+  int tested = 0;
+  for (const TmaForwardPlan& plan : compiled_kernels().tma_forward) {
+    for (const bool documents : {false, true}) {
+      Mask mask;
+      mask.causal = true;
+      mask.window = documents ? 300 : 0;
+      mask.has_segments = documents;
+      const Inputs in = make_inputs({4, 1500, 8, 2, plan.head_dim}, mask, DType::bf16, 23);
+      const KernelConfig config =
+          with_tma_forward(default_config(device, in.problem.head_dim), plan);
+      if (!can_implement(config, in.problem, device, KernelDirection::forward).empty()) continue;
+      SCOPED_TRACE(config.forward_str() + " " + mask.describe());
+      const Tensor q = in.q.to(Device::cuda), k = in.k.to(Device::cuda), v = in.v.to(Device::cuda);
+      const Tensor seg = documents ? in.segment_ids.to(Device::cuda) : Tensor();
+      ForwardOutput dealt;
+      {
+        const DealScope deal("static");
+        dealt = forward(Impl::flash, in.problem, q, k, v, seg, &config);
+      }
+      std::vector<ForwardOutput> claimed;
+      for (int run = 0; run < 4; ++run) {
+        claimed.push_back(forward(Impl::flash, in.problem, q, k, v, seg, &config));
+      }
+      for (const ForwardOutput& c : claimed) {
+        EXPECT_TRUE(same_bits(c.o, dealt.o));
+        EXPECT_TRUE(same_bits(c.lse, dealt.lse));
+      }
+      ++tested;
+    }
+  }
+  if (tested == 0) GTEST_SKIP() << "no tma forward plan runs on " << device.arch;
+  // A value other than the two is refused with the choices.
+  const TmaForwardPlan& plan = compiled_kernels().tma_forward.front();
+  const Inputs in = make_inputs({1, 256, 4, 2, plan.head_dim}, {}, DType::bf16, 3);
+  const KernelConfig config = with_tma_forward(default_config(device, plan.head_dim), plan);
+  ASSERT_EQ(can_implement(config, in.problem, device, KernelDirection::forward), "");
+  const Tensor q = in.q.to(Device::cuda), k = in.k.to(Device::cuda), v = in.v.to(Device::cuda);
+  const DealScope deal("dynamic");
+  expect_error([&] { forward(Impl::flash, in.problem, q, k, v, {}, &config); },
+               {"FT_TMA_DEAL", "claims", "static"});
+}
+
+// A tma forward captured into a CUDA graph claims its work tiles with the counters of the stream
+// the graph replays on (the launches before it on that stream made them), and each replay leaves
+// them at zero for the next launch, captured or not: replays with eager forwards between them
+// give the eager forward's bits.
+TEST_F(CudaFlashTest, TmaForwardClaimsInACudaGraphGiveTheEagerBits) {
+  const DeviceLimits& device = DeviceLimits::current();
+  Mask mask;
+  mask.causal = true;
+  const Inputs in = make_inputs({4, 1500, 8, 2, 128}, mask, DType::bf16, 29);
+  const KernelConfig config = default_config(device, in.problem);
+  if (config.forward_path != ForwardPath::tma) GTEST_SKIP() << "no tma forward on " << device.arch;
+  const Tensor q = in.q.to(Device::cuda), k = in.k.to(Device::cuda), v = in.v.to(Device::cuda);
+  const ForwardOutput eager = forward(Impl::flash, in.problem, q, k, v, {}, &config);
+  const Tensor want_o = eager.o.to(Device::cpu), want_lse = eager.lse.to(Device::cpu);
+  ForwardOutput captured;
+  const DeviceGraph graph = DeviceGraph::capture(
+      Device::cuda, [&] { captured = forward(Impl::flash, in.problem, q, k, v, {}, &config); });
+  for (int replay = 0; replay < 3; ++replay) {
+    SCOPED_TRACE(ft::str("replay ", replay));
+    graph.replay();
+    const ForwardOutput between = forward(Impl::flash, in.problem, q, k, v, {}, &config);
+    const Tensor* outputs[] = {&captured.o, &captured.lse, &between.o, &between.lse};
+    const Tensor* wants[] = {&want_o, &want_lse, &want_o, &want_lse};
+    for (int i = 0; i < 4; ++i) {
+      const Tensor got = outputs[i]->to(Device::cpu);
+      ASSERT_EQ(got.nbytes(), wants[i]->nbytes());
+      EXPECT_EQ(std::memcmp(got.raw(), wants[i]->raw(), got.nbytes()), 0) << "output " << i;
     }
   }
 }

@@ -3,8 +3,9 @@
 // (tma_plans.h) by flash_bf16_tma_fwd_d*.cu.
 //
 // A block is persistent (one per SM, or two or three of one consumer group each: the plan's
-// blocks_per_sm()): it walks work tiles (64 * groups query rows of one head of one batch row) in
-// the order of TileOrder (attention/tile_order.h), longest first, and is made of
+// blocks_per_sm()): it walks work tiles (64 * groups query rows of one head of one batch row) of
+// TileOrder's list (attention/tile_order.h), longest first, each claimed from a counter when its
+// producer is ready for it (TmaForwardArgs::claims), and is made of
 //   - a producer warpgroup that gives most of its registers away; one warp of it issues every
 //     copy: Q of each work tile, and K and V of each visible key tile into rings of `stages`
 //     and `v_stages()` slots, all through the copy engine (TMA) onto mbarriers;
@@ -51,8 +52,9 @@ CUtensorMap head_tensor_map(const void* base, int batch, int seq_len, int heads,
                             int64_t row_elems, int box_rows);
 // Multiprocessors of the current device (tensor_map.cu).
 int sm_count();
-// The two counters of the claimed work-tile deal (TmaForwardArgs::claims) for the stream the
-// launch will run on, zero; null where the launch deals by TileOrder instead (tensor_map.cu).
+// The two counters of the claimed work tiles (TmaForwardArgs::claims) for the stream the launch
+// will run on, at zero; null where the launch deals by TileOrder instead: FT_TMA_DEAL=static, or a
+// capture on a stream that has none yet (tensor_map.cu).
 int* tma_forward_claims();
 
 namespace tma_detail {
@@ -73,14 +75,17 @@ struct TmaForwardArgs {
   TileOrder order;
   // Two counters of the launch's stream (zero between launches): with them the blocks claim
   // their work tiles in the order's list, one at a time (a block's first is its index; then the
-  // next unclaimed one, when its producer is ready for it), so a block that runs ahead takes more;
-  // the last block to finish sets both back to zero. Null: TileOrder's static deal.
+  // next unclaimed one, when its producer is ready for its Q), so a block that runs ahead takes
+  // more; the last block to finish sets both back to zero. Null: TileOrder's static deal
+  // (next_tile). Claimed, the forward ran 2-15% faster on an H100 (docs/PERF.md, session 60): the
+  // deal's rounds assume blocks of one speed, and the three blocks of an SM, the SMs' clocks and
+  // the tiles that documents hide make them differ.
   int* claims = nullptr;
 };
 
-// Where a block's producer gets its work tiles: TileOrder's deal (next_tile), or claims on the
-// launch's counter (TmaForwardArgs::claims). The consumers learn each tile from the producer
-// (with claims, through the Q slot's tile id) or, dealt, compute it as it does.
+// Where a block's producer gets its work tiles: claims on the launch's counter
+// (TmaForwardArgs::claims), or TileOrder's deal (next_tile). Claimed, the consumers learn each
+// tile from the producer through its Q slot's tile id; dealt, they compute it as it does.
 struct TileSource {
   const TmaForwardArgs& a;
   int step = 0;  // the deal's walk step

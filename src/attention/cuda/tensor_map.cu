@@ -106,21 +106,23 @@ int64_t l2_bytes() {
 }
 
 int* tma_forward_claims() {
-  // Probe switch while the claimed deal is measured against TileOrder's: FT_PROBE_DEAL=claims.
-  static const bool claims = [] {
-    const char* v = std::getenv("FT_PROBE_DEAL");
-    return v != nullptr && std::strcmp(v, "claims") == 0;
-  }();
-  if (!claims) return nullptr;
+  // FT_TMA_DEAL=static: TileOrder's static deal, the claims' twin (the tests compare the two).
+  if (const char* deal = std::getenv("FT_TMA_DEAL"); deal != nullptr && *deal != 0) {
+    FT_CHECK(std::strcmp(deal, "claims") == 0 || std::strcmp(deal, "static") == 0,
+             "FT_TMA_DEAL is '", deal, "': 'claims' (the default) or 'static'");
+    if (std::strcmp(deal, "static") == 0) return nullptr;
+  }
   // One pair per device and stream a thread launches on, never freed (two words each). Launches
-  // on one stream run one after the other, and each leaves its counters at zero.
+  // on one stream run one after the other, and each leaves its counters at zero. A captured
+  // launch takes those of the stream its graph replays on (core/cuda/graph.h), in order with
+  // that stream's other launches.
   thread_local std::map<std::pair<int, cudaStream_t>, Tensor*> counters;
   int device = 0;
   FT_CUDA_CHECK(cudaGetDevice(&device));
   Tensor*& c = counters[{device, ft::cuda::execution_stream()}];
   if (c == nullptr) {
-    // Zeroed in stream order on the stream that will read them: not inside a capture, whose
-    // graph would zero them only when replayed.
+    // Zeroed in stream order on the stream that will read them, so not inside a capture (its
+    // graph would zero them only when replayed): a capture that finds none deals statically.
     if (ft::cuda::capturing()) return nullptr;
     c = new Tensor(Tensor::zeros({2}, DType::i32, Device::cuda));
   }
