@@ -382,7 +382,7 @@ __device__ __forceinline__ void produce(const TmaForwardArgs& a, const Smem<PLAN
                      a.p, w, s.table_ids(local & 1), s.table_covers(local & 1), false)
                : stage_q(t, local);
     int next = -1;
-    bool known = false;  // whether next is
+    bool known = false;  // whether next was already claimed (where the next tile stages early)
     staged = false;
     int asked = 0;
     for (int kb = tiles.next_visible(tiles.begin); kb < tiles.end;
