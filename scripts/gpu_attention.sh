@@ -25,8 +25,9 @@ summary() {  # name, exit code, log
 limit="${STEP_TIMEOUT:-540}"
 # Small cases; the bf16 test launches every compiled configuration, fp32 its kernels. The
 # 1000-position case with documents is there for the tma forward's producer, which stages the
-# next work tile's table and Q in the middle of a tile longer than its ring.
-small='*CudaFlashAccuracy.*/s7_h8g2_d32_window3_segments:*CudaFlashAccuracy.*/s64_h8g8_d128_causal_window8_scattered:*CudaFlashAccuracy.*/s64_h2g1_d64_scattered_segments:*CudaFlashAccuracy.*/s64_h1_d256_causal_window1:*CudaFlashAccuracy.Bf16WithinTwiceNaiveForEveryConfig/s1000_h8g4_d128_segments'
+# next work tile's table and Q in the middle of a tile longer than its ring; the 384-position
+# cases give some of the tma forward's persistent blocks a second work tile to claim.
+small='*CudaFlashAccuracy.*/s7_h8g2_d32_window3_segments:*CudaFlashAccuracy.*/s64_h8g8_d128_causal_window8_scattered:*CudaFlashAccuracy.*/s64_h2g1_d64_scattered_segments:*CudaFlashAccuracy.*/s64_h1_d256_causal_window1:*CudaFlashAccuracy.Bf16WithinTwiceNaiveForEveryConfig/s1000_h8g4_d128_segments:*CudaFlashAccuracy.Bf16WithinTwiceNaiveForEveryConfig/s384_h16g4_d*_causal_segments'
 for step in ${STEPS:-tests sanitizer bench}; do
   start=$(date +%s)
   case "$step" in

@@ -113,8 +113,8 @@ inline GpuResult run_on_gpu(Impl impl, const Inputs& in, bool segments_on_gpu, i
           {g.dq.to(Device::cpu), g.dk.to(Device::cpu), g.dv.to(Device::cpu)}};
 }
 
-// The grid of the GPU accuracy tests (naive and flash): every S in {1, 7, 64, 100, 513, 1000,
-// 4096}, Hq/Hkv in {1, 2, 4, 8}, head dims 32..256 (96 too: the bf16 flash kernels refuse it,
+// The grid of the GPU accuracy tests (naive and flash): every S in {1, 7, 64, 100, 384, 513,
+// 1000, 4096}, Hq/Hkv in {1, 2, 4, 8}, head dims 32..256 (96 too: the bf16 flash kernels refuse it,
 // which the flash test checks) and each mask alone and combined. {name, {B, S, Hq, Hkv, D},
 // causal, window, segments, scattered, segments_on_gpu}
 inline const std::vector<Case>& gpu_accuracy_cases() {
@@ -131,6 +131,11 @@ inline const std::vector<Case>& gpu_accuracy_cases() {
       {"s64_h2g1_d64_scattered_segments", {2, 64, 2, 2, 64}, false, 0, true, true},
       {"s64_h8g8_d128_causal_window8_scattered", {2, 64, 8, 1, 128}, true, 8, true, true, true},
       {"s100_h4g2_d96_causal", {1, 100, 4, 2, 96}, true},
+      // 144 work tiles of 128 rows (the head-dim-256 plans: one Q slot) or 64 rows of two heads
+      // (head dim 128: the next tile staged early) on 132 persistent blocks: some claim a second
+      // tile (scripts/gpu_attention.sh runs these under compute-sanitizer).
+      {"s384_h16g4_d128_causal_segments", {3, 384, 16, 4, 128}, true, 0, true, false, true},
+      {"s384_h16g4_d256_causal_segments", {3, 384, 16, 4, 256}, true, 0, true, false, true},
       {"s513_h4g4_d64_causal_window100", {1, 513, 4, 1, 64}, true, 100},
       {"s513_h2g1_d128_causal_segments", {1, 513, 2, 2, 128}, true, 0, true, false, true},
       {"s513_h2g1_d256_causal_segments", {1, 513, 2, 2, 256}, true, 0, true, false, true},

@@ -131,9 +131,10 @@ struct Smem {
   static constexpr int64_t kV = kK + P.stages * P.tile_bytes(P.block_n);
   static constexpr int64_t kTable = kV + P.v_stages() * P.tile_bytes(P.block_n);
   static constexpr int64_t kBarriers = kTable + P.table_bytes();
-  static constexpr int kBarrierCount = 2 * kQSlots + 2 * P.stages + 2 * P.v_stages();
+  static constexpr int kBarrierCount = 3 * kQSlots + 2 * P.stages + 2 * P.v_stages();
   // After the barriers: each Q slot's work tile (claimed tiles: the producer writes it before Q's
-  // full barrier arrives; -1 ends the walk).
+  // full barrier arrives, once every consumer warp has read the one before, tile_read; -1 ends
+  // the walk).
   static constexpr int64_t kTileIds = kBarriers + kBarrierCount * 8;
   static_assert(kBarriers + TmaForwardPlan::barrier_bytes() + TmaForwardPlan::align_slack() ==
                     P.smem_bytes(),
@@ -180,6 +181,9 @@ struct Smem {
   }
   __device__ uint64_t* v_empty(int s) const {
     return barrier(2 * kQSlots + 2 * P.stages + P.v_stages() + s);
+  }
+  __device__ uint64_t* tile_read(int s) const {
+    return barrier(2 * kQSlots + 2 * P.stages + 2 * P.v_stages() + s);
   }
 };
 
@@ -325,6 +329,12 @@ __device__ __forceinline__ void produce(const TmaForwardArgs& a, const Smem<PLAN
                w.batch);
     }
   };
+  // Claimed tiles: the tile's id beside its Q slot, once every consumer warp has read the id the
+  // slot held before (lane 0).
+  auto write_tile_id = [&](int t) {
+    mbar_wait(s.tile_read(q_ring.slot), q_ring.parity ^ 1);
+    *s.tile_id(q_ring.slot) = t;
+  };
   // A work tile's segment table (the block's work tiles alternate between two, by their local
   // index) and its Q into the next Q slot, once the tile that used the slot has stored its
   // output from it (with two slots: the tile before last, whose table this one takes).
@@ -332,7 +342,7 @@ __device__ __forceinline__ void produce(const TmaForwardArgs& a, const Smem<PLAN
     const WorkTile w = a.order.at(t);
     if (lane == 0) {
       mbar_wait(s.q_empty(q_ring.slot), q_ring.parity ^ 1);
-      *s.tile_id(q_ring.slot) = t;
+      if (a.claims != nullptr) write_tile_id(t);
     }
     __syncwarp();
     KeyTiles<P.block_m, P.block_n, P.table_tiles(), SEG> tiles(a.p, w, s.table_ids(local & 1),
@@ -410,7 +420,7 @@ __device__ __forceinline__ void produce(const TmaForwardArgs& a, const Smem<PLAN
   if (a.claims != nullptr) {
     if (lane == 0) {
       mbar_wait(s.q_empty(q_ring.slot), q_ring.parity ^ 1);
-      *s.tile_id(q_ring.slot) = -1;
+      write_tile_id(-1);
     }
     __syncwarp();
     mbar_arrive(s.q_full(q_ring.slot));
@@ -652,6 +662,7 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
       if (unreleased_slot == q_ring.slot) release_stored_slot();
       mbar_wait(s.q_full(q_ring.slot), q_ring.parity);
       t = *s.tile_id(q_ring.slot);
+      release(s.tile_read(q_ring.slot));
     } else {
       t = a.order.next_tile(step, blockIdx.x, gridDim.x);
     }
@@ -843,6 +854,9 @@ __global__ void __launch_bounds__(kTmaForwardPlans[PLAN].threads(),
     for (int i = 0; i < P.v_stages(); ++i) {
       mbar_init(s.v_full(i), 1);
       mbar_init(s.v_empty(i), 4 * P.consumer_groups());
+    }
+    for (int i = 0; i < Smem<PLAN>::kQSlots; ++i) {
+      mbar_init(s.tile_read(i), 4 * P.consumer_groups());  // each consumer warp, claimed tiles
     }
     mbar_fence_init();
   }
