@@ -661,8 +661,13 @@ __device__ __forceinline__ void consume(const TmaForwardArgs& a, const Smem<PLAN
     if (a.claims != nullptr) {  // claimed: the producer names the tile beside its Q
       if (unreleased_slot == q_ring.slot) release_stored_slot();
       mbar_wait(s.q_full(q_ring.slot), q_ring.parity);
-      t = *s.tile_id(q_ring.slot);
-      release(s.tile_read(q_ring.slot));
+      // Lane 0 reads the id for its warp and arrives once it has: the thread that read is the
+      // one whose arrival orders the read before the producer's next write (compute-sanitizer's
+      // racecheck follows the order only that way; with every lane reading and lane 0 arriving
+      // after a warp barrier it reported the pair).
+      t = lane == 0 ? *s.tile_id(q_ring.slot) : 0;
+      t = __shfl_sync(0xffffffffu, t, 0);
+      if (lane == 0) mbar_arrive(s.tile_read(q_ring.slot));
     } else {
       t = a.order.next_tile(step, blockIdx.x, gridDim.x);
     }
