@@ -1,7 +1,8 @@
 // Host side of the TMA kernels: tensor maps over [B, S, H, D] tensors (bf16 tiles, dense or
 // inside a fused QKV buffer, and the fp32 dQ buffer that the backward reduces into), encoded
 // through the driver's cuTensorMapEncodeTiled (reached through the runtime, so nothing links
-// libcuda), and the device's multiprocessor count for persistent grids.
+// libcuda), the device's multiprocessor count for persistent grids, and the tma forward's
+// work-tile counters (one pair per device and stream).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
