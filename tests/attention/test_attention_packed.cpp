@@ -13,9 +13,12 @@
 
 #include "attention_test_util.h"
 #include "cuda_test_util.h"
+#include "tensor_test_util.h"
 
 namespace ft::attention::testing {
 namespace {
+
+using test::same_bits;
 
 const Case kPackedCases[] = {
     {"s1_h1_d32_none", {1, 1, 1, 1, 32}},
@@ -54,12 +57,6 @@ Packed make_packed(const Case& c, DType dtype, uint64_t seed) {
   if (c.segments) in.segment_ids = make_segment_ids(s.batch, s.seq_len, rng, c.scattered);
   in.problem = make_problem(in.q, in.k, in.v, c.mask());
   return in;
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  const Tensor x = a.to(Device::cpu), y = b.to(Device::cpu);
-  return x.shape() == y.shape() && x.dtype() == y.dtype() &&
-         std::memcmp(x.raw(), y.raw(), x.nbytes()) == 0;
 }
 
 // dq, dk, dv of the dense call laid out like the fused buffer (what backward_packed must write).

@@ -9,16 +9,17 @@
 
 #include <omp.h>
 
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include "attention/attention.h"
 #include "attention_test_util.h"
+#include "tensor_test_util.h"
 
 namespace ft::attention {
 namespace {
 
+using test::same_bits;
 using testing::Case;
 using testing::Inputs;
 
@@ -33,10 +34,6 @@ Results run(Impl impl, const Inputs& in, int threads) {
   const Gradients g = backward(impl, in.problem, in.q, in.k, in.v, fwd, in.dout, in.segment_ids);
   omp_set_num_threads(saved);
   return {{fwd.o, fwd.lse, g.dq, g.dk, g.dv}};
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
 
 // The threads a parallel region gets when asked for `threads` (fewer under OMP_THREAD_LIMIT or

@@ -24,10 +24,13 @@
 #include "core/graph.h"
 #include "core/npy.h"
 #include "cuda_test_util.h"
+#include "tensor_test_util.h"
 #include "test_util.h"
 
 namespace ft::attention::testing {
 namespace {
+
+using test::same_bits;
 
 class CudaFlashTest : public ::testing::Test {
  protected:
@@ -259,12 +262,6 @@ TEST_F(CudaFlashTest, TmaForwardBlocksOfSeveralWorkTilesMatchNaiveFp32) {
                                configs_under_test(in.problem));
     }
   }
-}
-
-// Whether two tensors (on any device) hold the same bytes.
-bool same_bits(const Tensor& x, const Tensor& y) {
-  const Tensor a = x.to(Device::cpu), b = y.to(Device::cpu);
-  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
 
 // The tma forward's blocks claim their work tiles from a counter of the stream (the default) or

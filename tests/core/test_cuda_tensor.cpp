@@ -14,9 +14,12 @@
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "gpu_skip.h"
+#include "tensor_test_util.h"
 
 namespace ft {
 namespace {
+
+using test::same_bits;
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
@@ -32,12 +35,6 @@ Tensor random_cpu(const Shape& shape, DType dtype, uint64_t seed) {
     fill_normal(t, rng, 0.0, 3.0);
   }
   return t;
-}
-
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.device(), Device::cpu);
-  EXPECT_EQ(b.device(), Device::cpu);
-  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
 
 double element(const Tensor& cpu, int64_t i) {
@@ -71,11 +68,12 @@ TEST(CudaTensor, RoundTripEveryDtypeIsExact) {
     EXPECT_EQ(gpu.shape(), cpu.shape());
     EXPECT_EQ(gpu.dtype(), dtype);
     EXPECT_NE(gpu.raw(), cpu.raw());
-    EXPECT_TRUE(same_bytes(gpu.to(Device::cpu), cpu));
-    EXPECT_TRUE(same_bytes(gpu.clone().to(Device::cpu), cpu));                  // device -> device
-    EXPECT_TRUE(same_bytes(gpu.to(Device::cuda).to(Device::cpu), cpu));         // a copy, not *this
-    EXPECT_TRUE(same_bytes(gpu.slice(1, 3).to(Device::cpu), cpu.slice(1, 3)));  // offsets
-    EXPECT_TRUE(same_bytes(cpu.to(Device::cpu), cpu));
+    EXPECT_EQ(gpu.to(Device::cpu).device(), Device::cpu);
+    EXPECT_TRUE(same_bits(gpu.to(Device::cpu), cpu));
+    EXPECT_TRUE(same_bits(gpu.clone().to(Device::cpu), cpu));                  // device -> device
+    EXPECT_TRUE(same_bits(gpu.to(Device::cuda).to(Device::cpu), cpu));         // a copy, not *this
+    EXPECT_TRUE(same_bits(gpu.slice(1, 3).to(Device::cpu), cpu.slice(1, 3)));  // offsets
+    EXPECT_TRUE(same_bits(cpu.to(Device::cpu), cpu));
   }
 }
 
@@ -102,7 +100,7 @@ TEST(CudaTensor, CopyIntoSliceTouchesOnlyTheSlice) {
   Tensor middle = dst.slice(1, 3);
   middle.copy_from(src);  // CPU -> CUDA into an offset view
   const Tensor back = dst.to(Device::cpu);
-  EXPECT_TRUE(same_bytes(back.slice(1, 3), src));
+  EXPECT_TRUE(same_bits(back.slice(1, 3), src));
   for (int64_t row : {0, 3}) {
     for (int64_t c = 0; c < 6; ++c) EXPECT_TRUE(std::isnan(back.data<float>()[row * 6 + c]));
   }
@@ -110,7 +108,7 @@ TEST(CudaTensor, CopyIntoSliceTouchesOnlyTheSlice) {
   Tensor host = Tensor::zeros({4, 6}, DType::f32);
   Tensor host_rows = host.slice(2, 4);
   host_rows.copy_from(dst.slice(1, 3));
-  EXPECT_TRUE(same_bytes(host.slice(2, 4), src));
+  EXPECT_TRUE(same_bits(host.slice(2, 4), src));
   EXPECT_EQ(host.data<float>()[0], 0.0f);
 }
 
@@ -212,9 +210,9 @@ TEST(CudaTensor, FillAndZeroMatchTheCpu) {
       gpu.fill(value);
       Tensor cpu = Tensor::empty({1027}, dtype);
       cpu.fill(value);
-      EXPECT_TRUE(same_bytes(gpu.to(Device::cpu), cpu));
+      EXPECT_TRUE(same_bits(gpu.to(Device::cpu), cpu));
       gpu.zero();
-      EXPECT_TRUE(same_bytes(gpu.to(Device::cpu), Tensor::zeros({1027}, dtype)));
+      EXPECT_TRUE(same_bits(gpu.to(Device::cpu), Tensor::zeros({1027}, dtype)));
     }
   }
   // fill and zero of a slice leave the rest alone.
@@ -229,7 +227,7 @@ TEST(CudaTensor, FillAndZeroMatchTheCpu) {
   EXPECT_EQ(std::vector<float>(back.data<float>(), back.data<float>() + 15), want);
   // zeros() on the GPU.
   const Tensor z = Tensor::zeros({33}, DType::bf16, Device::cuda);
-  EXPECT_TRUE(same_bytes(z.to(Device::cpu), Tensor::zeros({33}, DType::bf16)));
+  EXPECT_TRUE(same_bits(z.to(Device::cpu), Tensor::zeros({33}, DType::bf16)));
 }
 
 TEST(CudaTensor, ComparisonHelpersAcceptCudaTensors) {

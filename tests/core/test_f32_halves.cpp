@@ -17,9 +17,12 @@
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "gpu_skip.h"
+#include "tensor_test_util.h"
 
 namespace ft {
 namespace {
+
+using test::same_bits;
 
 bool is_nan_bits(uint32_t bits) {
   return (bits & 0x7fffffffu) > 0x7f800000u;
@@ -42,12 +45,6 @@ Tensor f32_tensor(const std::vector<uint32_t>& bits) {
   Tensor t = Tensor::empty({static_cast<int64_t>(bits.size())}, DType::f32);
   std::memcpy(t.raw(), bits.data(), t.nbytes());
   return t;
-}
-
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  const Tensor x = a.to(Device::cpu), y = b.to(Device::cpu);
-  return x.dtype() == y.dtype() && x.nbytes() == y.nbytes() &&
-         std::memcmp(x.raw(), y.raw(), x.nbytes()) == 0;
 }
 
 TEST(F32Halves, JoinGivesEveryValueBackAndTheHighHalfRoundsTiesAway) {
@@ -108,7 +105,7 @@ TEST(F32Halves, TensorsSplitAndJoinOnTheCpu) {
   split_f32(hi, lo, values);
   Tensor hi_only = Tensor::empty({n}, DType::bf16), none;
   split_f32(hi_only, none, values);
-  EXPECT_TRUE(same_bytes(hi_only, hi));
+  EXPECT_TRUE(same_bits(hi_only, hi));
   Tensor joined = Tensor::empty({n}, DType::f32);
   join_f32(joined, hi, lo);
   for (int64_t i = 0; i < n; ++i) {
@@ -159,21 +156,21 @@ TEST(F32Halves, GpuSplitAndJoinGiveTheCpuBits) {
   Tensor dhi = Tensor::empty({n}, DType::bf16, Device::cuda);
   Tensor dlo = Tensor::empty({n}, DType::i16, Device::cuda), none;
   split_f32(dhi, dlo, dvalues);
-  EXPECT_TRUE(same_bytes(dhi, hi));
-  EXPECT_TRUE(same_bytes(dlo, lo));
+  EXPECT_TRUE(same_bits(dhi, hi));
+  EXPECT_TRUE(same_bits(dlo, lo));
   Tensor dhi_only = Tensor::empty({n}, DType::bf16, Device::cuda);
   split_f32(dhi_only, none, dvalues);
-  EXPECT_TRUE(same_bytes(dhi_only, hi));
+  EXPECT_TRUE(same_bits(dhi_only, hi));
   Tensor djoined = Tensor::empty({n}, DType::f32, Device::cuda);
   join_f32(djoined, dhi, dlo);
-  EXPECT_TRUE(same_bytes(djoined, joined));
+  EXPECT_TRUE(same_bits(djoined, joined));
   // int16 travels both ways unchanged, and fills as the CPU fills.
-  EXPECT_TRUE(same_bytes(lo.to(Device::cuda).to(Device::cpu), lo));
+  EXPECT_TRUE(same_bits(lo.to(Device::cuda).to(Device::cpu), lo));
   Tensor dfill = Tensor::empty({5}, DType::i16, Device::cuda),
          fill = Tensor::empty({5}, DType::i16);
   dfill.fill(-1234.0);
   fill.fill(-1234.0);
-  EXPECT_TRUE(same_bytes(dfill, fill));
+  EXPECT_TRUE(same_bits(dfill, fill));
   // Halves on another device than the values are an error.
   EXPECT_THROW(split_f32(hi, lo, dvalues), Error);
 }

@@ -11,10 +11,13 @@
 
 #include "core/rng.h"
 #include "models/checkpoint.h"
+#include "tensor_test_util.h"
 #include "test_util.h"
 
 namespace ft::models {
 namespace {
+
+using test::same_bits;
 
 ModelConfig small(const std::string& name) {
   ModelOverrides o;
@@ -25,10 +28,6 @@ ModelConfig small(const std::string& name) {
   o.context = 16;
   if (name == "llama3-tiny") o.kv_heads = 2;
   return apply_overrides(preset(name), o);
-}
-
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
 
 class CheckpointTest : public ::testing::TestWithParam<std::string> {};
@@ -55,8 +54,7 @@ TEST_P(CheckpointTest, Fp32RoundTripIsExact) {
   b.init_weights(7);  // different weights, to be overwritten
   load_checkpoint(dir.file("model.bin"), b);
   for (size_t i = 0; i < a.parameters().size(); ++i) {
-    EXPECT_TRUE(
-        bitwise_equal(a.parameters()[i].master_weights(), b.parameters()[i].master_weights()))
+    EXPECT_TRUE(same_bits(a.parameters()[i].master_weights(), b.parameters()[i].master_weights()))
         << a.parameters()[i].name;
   }
 }
@@ -81,7 +79,7 @@ TEST_P(CheckpointTest, Bf16ModelSavesAndLoadsItsExactMasters) {
       pad.zero();  // rows a LLaMA-3 file does not store
     }
     p.set_master_weights(host);
-    EXPECT_TRUE(bitwise_equal(p.master_weights(), host)) << p.name;
+    EXPECT_TRUE(same_bits(p.master_weights(), host)) << p.name;
     const Tensor copy = p.compute;
     for (int64_t i = 0; i < host.numel(); i += 3) {
       ASSERT_EQ(copy.data<bf16>()[i].bits, (bits[i] + 0x8000u) >> 16) << p.name << " " << i;
@@ -93,10 +91,10 @@ TEST_P(CheckpointTest, Bf16ModelSavesAndLoadsItsExactMasters) {
   load_checkpoint(dir.file("model.bin"), c);
   for (size_t i = 0; i < a.parameters().size(); ++i) {
     const Parameter &p = a.parameters()[i], &q = b.parameters()[i], &r = c.parameters()[i];
-    EXPECT_TRUE(bitwise_equal(p.master_weights(), q.master_weights())) << p.name;
-    EXPECT_TRUE(bitwise_equal(p.compute, q.compute)) << p.name;
-    EXPECT_TRUE(bitwise_equal(p.master_lo, q.master_lo)) << p.name;
-    EXPECT_TRUE(bitwise_equal(p.master_weights(), r.master_weights())) << p.name;
+    EXPECT_TRUE(same_bits(p.master_weights(), q.master_weights())) << p.name;
+    EXPECT_TRUE(same_bits(p.compute, q.compute)) << p.name;
+    EXPECT_TRUE(same_bits(p.master_lo, q.master_lo)) << p.name;
+    EXPECT_TRUE(same_bits(p.master_weights(), r.master_weights())) << p.name;
   }
 }
 
@@ -110,8 +108,7 @@ TEST_P(CheckpointTest, Bf16FileHoldsRoundedWeights) {
   load_checkpoint(dir.file("model.bin"), b);
   for (size_t i = 0; i < a.parameters().size(); ++i) {
     const Tensor rounded = a.parameters()[i].master_weights().to(DType::bf16).to(DType::f32);
-    EXPECT_TRUE(bitwise_equal(rounded, b.parameters()[i].master_weights()))
-        << a.parameters()[i].name;
+    EXPECT_TRUE(same_bits(rounded, b.parameters()[i].master_weights())) << a.parameters()[i].name;
   }
 }
 

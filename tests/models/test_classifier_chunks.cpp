@@ -5,7 +5,6 @@
 // steps; a chunked forward() keeps no logits; the default chunk sizes and the errors.
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -14,9 +13,12 @@
 #include "models/transformer.h"
 #include "nn/adamw.h"
 #include "small_models.h"
+#include "tensor_test_util.h"
 
 namespace ft::models {
 namespace {
+
+using test::same_bits;
 
 constexpr int64_t kBatch = 2, kSeq = 16, kRows = kBatch * kSeq;
 // The whole batch, chunks that divide it, one that leaves a short last chunk, single rows.
@@ -73,10 +75,6 @@ Trace train_steps(const ModelConfig& config, DType dtype, int64_t chunk, bool fu
     adamw_step(model, step);
   }
   return trace;
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
 
 class ClassifierChunks : public ::testing::TestWithParam<std::string> {};

@@ -8,7 +8,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <string>
 #include <tuple>
@@ -19,9 +18,12 @@
 #include "models/transformer.h"
 #include "nn/adamw.h"
 #include "small_models.h"
+#include "tensor_test_util.h"
 
 namespace ft::models {
 namespace {
+
+using test::same_bits;
 
 constexpr int64_t kBatch = 2, kSeq = 32;
 
@@ -91,10 +93,6 @@ Trace train(const ModelConfig& config, DType dtype, Device device, const StepSet
   trace.weights = model.master_range(0, model.flat_grads().numel(), Device::cpu);
   trace.zeroed_bytes = model.zeroed_grad_bytes();
   return trace;
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
 
 bool device_ready(Device device) {

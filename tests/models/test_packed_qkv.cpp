@@ -5,16 +5,18 @@
 // buffer), and keeps the fused buffer instead of q, k, v.
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include "core/rng.h"
 #include "models/transformer.h"
 #include "small_models.h"
+#include "tensor_test_util.h"
 
 namespace ft::models {
 namespace {
+
+using test::same_bits;
 
 constexpr int64_t kBatch = 2, kSeq = 16;
 
@@ -65,10 +67,6 @@ Trace train_steps(const ModelConfig& config, DType dtype, AttentionSettings sett
     }
   }
   return trace;
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
 
 TEST(PackedQkv, TrainsTheSplitPathsLossesAndGradientsBitForBit) {

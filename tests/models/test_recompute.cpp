@@ -4,7 +4,6 @@
 // than none, block least), and puts its recomputed forward in the profile's recompute row.
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -15,9 +14,12 @@
 #include "models/transformer.h"
 #include "nn/adamw.h"
 #include "small_models.h"
+#include "tensor_test_util.h"
 
 namespace ft::models {
 namespace {
+
+using test::same_bits;
 
 constexpr int64_t kBatch = 2, kSeq = 16;
 constexpr Recompute kSavingModes[] = {Recompute::attention, Recompute::mlp, Recompute::block,
@@ -88,10 +90,6 @@ Trace train_steps(const ModelConfig& config, DType dtype, AttentionSettings sett
     adamw_step(model, step);
   }
   return trace;
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
 
 // {preset, dtype, attention}

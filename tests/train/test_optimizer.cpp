@@ -6,7 +6,6 @@
 // masters updated tensor by tensor on the GPU.
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -15,10 +14,13 @@
 #include "models/config.h"
 #include "models/transformer.h"
 #include "nn/adamw.h"
+#include "tensor_test_util.h"
 #include "train/optimizer.h"
 
 namespace ft::train {
 namespace {
+
+using test::same_bits;
 
 models::ModelConfig tiny() {
   models::ModelOverrides o;
@@ -36,11 +38,6 @@ Tensor ids(uint64_t seed) {
   for (int64_t i = 0; i < t.numel(); ++i)
     t.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u64() % 50);
   return t;
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  const Tensor x = a.to(Device::cpu), y = b.to(Device::cpu);
-  return x.nbytes() == y.nbytes() && std::memcmp(x.raw(), y.raw(), x.nbytes()) == 0;
 }
 
 // Two identical models after one forward and backward on the same batch.
