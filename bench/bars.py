@@ -6,7 +6,9 @@ Reads what bench/attention_gpu.sh writes (attention_flashtrain.jsonl and attenti
 issue 14's forward and issue 16's backward bars, ours against cuDNN through SDPA or FlexAttention)
 and what bench/gpu_train.sh writes (ft_NAME.log and torch_NAME.json: issue 17's training steps
 against torch.compile, tok/s and peak memory), from any of the directories given, and names the
-GPU: the bars are defined on the H200, and a figure from another card says so.
+GPU: the bars are defined on the H200, and a figure from another card says so. Where the
+attention bench ran with --deterministic, a second table gives the deterministic backward's cost
+beside the default's per case (issue 16 asks for it in the bars' call).
 
   python3 bench/bars.py gpu-out/attn gpu-out/train32k gpu-out/train
   python3 bench/bars.py --json docs/results/session44/call3_h100
@@ -44,20 +46,24 @@ TRAIN_BARS = [
 
 def attention_rows(dirs):
     """{(case, dir): ms} of ours (the first flash configuration: the default, not deterministic,
-    not packed) and {(case, dir, impl): ms} of the peers, with the GPU names seen."""
-    ours, peers, gpus = {}, {}, set()
+    not packed), {(case, dir, impl): ms} of the peers and {case: ms} of our first deterministic
+    backward, with the GPU names seen."""
+    ours, peers, deterministic, gpus = {}, {}, {}, set()
     for d in dirs:
         rows, metas = read_rows(glob.glob(os.path.join(d, "attention_flashtrain.jsonl")))
         for r in rows:
-            if (r.get("impl") == "flash" and not r.get("deterministic")
-                    and not str(r.get("config", "")).endswith(" packed")):
+            if r.get("impl") != "flash" or str(r.get("config", "")).endswith(" packed"):
+                continue
+            if not r.get("deterministic"):
                 ours.setdefault((r["case"], r["dir"]), r["median_ms"])
+            elif r["dir"] == "bwd":
+                deterministic.setdefault(r["case"], r["median_ms"])
         peer_rows, peer_metas = read_rows(glob.glob(os.path.join(d, "attention_pytorch.jsonl")))
         for r in peer_rows:
             if r.get("median_ms") is not None:
                 peers[(r["case"], r["dir"], r["impl"])] = r["median_ms"]
         gpus.update(m.get("gpu", "?") for m in metas + peer_metas)
-    return ours, peers, gpus
+    return ours, peers, deterministic, gpus
 
 
 _STEPS = re.compile(r"^steps .*\| ([0-9.]+) tok/s")
@@ -88,8 +94,15 @@ def train_rows(dirs):
     return out
 
 
+def deterministic_costs(ours, deterministic):
+    """Per case with both rows: the default backward, the deterministic one and their ratio."""
+    return [{"case": case, "default_ms": ours[(case, "bwd")], "deterministic_ms": ms,
+             "cost": ms / ours[(case, "bwd")]}
+            for case, ms in deterministic.items() if (case, "bwd") in ours]
+
+
 def verdicts(dirs):
-    ours, peers, gpus = attention_rows(dirs)
+    ours, peers, deterministic, gpus = attention_rows(dirs)
     rows = []
     for issue, case, direction, impl, bar in ATTENTION_BARS:
         mine, theirs = ours.get((case, direction)), peers.get((case, direction, impl))
@@ -113,7 +126,7 @@ def verdicts(dirs):
                      "ours": f"{tok:,.0f} tok/s, {peak:,.0f} MB" if peak else f"{tok:,.0f} tok/s",
                      "peer": f"{peer_tok:,.0f} tok/s, {peer_peak:,.0f} MB",
                      "ratio": ratio, "met": ratio >= speed and memory_met})
-    return rows, sorted(gpus)
+    return rows, deterministic_costs(ours, deterministic), sorted(gpus)
 
 
 def main():
@@ -124,11 +137,11 @@ def main():
     missing = [d for d in args.dirs if not os.path.isdir(d)]
     if missing:
         sys.exit(f"bars: not a directory: {', '.join(missing)}")
-    rows, gpus = verdicts(args.dirs)
+    rows, costs, gpus = verdicts(args.dirs)
     if not rows:
         sys.exit("bars: no bench output found (attention_*.jsonl, ft_*.log with torch_*.json)")
     if args.json:
-        print(json.dumps({"gpus": gpus, "bars": rows}))
+        print(json.dumps({"gpus": gpus, "bars": rows, "deterministic": costs}))
         return
     print(f"GPU: {', '.join(gpus)}" + ("" if all("H200" in g for g in gpus) else
                                       " (the bars are defined on the H200)"))
@@ -137,6 +150,13 @@ def main():
     for r in rows:
         print(f"| {r['issue']} | {r['bar']} | {r['ours']} | {r['peer']} | {r['ratio']:.3f}x | "
               f"{'yes' if r['met'] else '**no**'} |")
+    if costs:
+        print()
+        print("| case | backward ms | deterministic backward ms | cost |")
+        print("|---|---:|---:|---:|")
+        for c in costs:
+            print(f"| {c['case']} | {c['default_ms']:.3f} | {c['deterministic_ms']:.3f} | "
+                  f"{c['cost']:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """bench/bars.py: the issues' bars against a call's bench outputs. On session 44's committed
 results (an H100 call: the GPU is named as not the bars' card), each verdict as measured; on
 synthetic outputs, the row selection (the first flash configuration, not its deterministic or
-packed rows), the memory side of a training bar, and the errors."""
+packed rows), the deterministic backward's cost table, the memory side of a training bar, and
+the errors."""
 
 import json
 import os
@@ -27,6 +28,7 @@ def verdicts(*dirs):
 def test_session44_call():
     report, bars = verdicts(CALL3)
     assert report["gpus"] == ["NVIDIA H100 80GB HBM3"]
+    assert report["deterministic"] == []  # that call ran without --deterministic
     assert len(bars) == 12
     met = {bar: r["met"] for bar, r in bars.items()}
     assert met["gpt2 bwd >= 1x sdpa-cudnn"] and met["llama-long bwd >= 1x sdpa-cudnn"]
@@ -71,6 +73,12 @@ def test_row_selection_and_memory(tmp_path):
     step = bars["gpt2_bf16_b16_compile >= 1.1x torch.compile tok/s, peak at most its"]
     assert step["ratio"] > 1.1 and not step["met"]  # faster, but more memory
     assert "defined on the H200" not in run(str(tmp_path)).stdout
+    # The deterministic row is not a bar: it is its own table, its cost against the default's.
+    assert report["deterministic"] == [
+        {"case": "gpt2", "default_ms": 0.150, "deterministic_ms": 0.100,
+         "cost": 0.100 / 0.150}]
+    table = run(str(tmp_path)).stdout
+    assert "| gpt2 | 0.150 | 0.100 | 0.67x |" in table
 
 
 def test_errors(tmp_path):
