@@ -86,3 +86,61 @@ def test_errors(tmp_path):
     assert done.returncode != 0 and "not a directory" in done.stderr
     done = run(str(tmp_path))
     assert done.returncode != 0 and "no bench output found" in done.stderr
+
+
+def test_parts_name_every_bar():
+    """bench/bars.sh runs what --part prints: every attention bar's case, every training row."""
+    cases = run("--part", "attention").stdout.strip().split(",")
+    assert cases == ["hero-causal", "gpt2", "hero-window-docs", "llama-long", "hero-d256"]
+    runs = run("--part", "compile").stdout.split() + run("--part", "long").stdout.split()
+    assert sorted(runs) == sorted(["gpt2_bf16_b16_compile", "llama1b_bf16_compile", "llama1b_32k",
+                                   "llama1b_32k_compile", "llama1b_64k", "llama1b_128k"])
+    assert run("--part", "nope").returncode != 0
+    done = run()
+    assert done.returncode != 0 and "--part" in done.stderr
+
+
+def test_long_rows(tmp_path):
+    """Issue 17's long rows: ours trained (a summary with a finite loss; the peak from the
+    memory line, or from the step lines of older logs), PyTorch eager's running out of memory
+    reported as a result, a run without a summary or with a NaN loss as not trained."""
+    (tmp_path / "ceilings.json").write_text('{"gpu": "NVIDIA H200", "bf16_matmul_tflops": 743}\n')
+    (tmp_path / "ft_llama1b_32k.log").write_text(
+        "step   10/10 | train loss 9.9 | (917.55 ms | 35713 tok/s | peak used: 63417 MB | ...)\n"
+        "steps 10 | final train loss 9.91239 | 35559 tok/s | 921.485 ms/step\n"
+        "memory:    ...; peak used 63417 MB over the run, 63000 MB over the timed steps\n")
+    write_jsonl(tmp_path / "torch_llama1b_32k.json", [
+        {"gpu": "NVIDIA H200", "error": "out of memory", "steps_run": 0,
+         "peak_allocated_mb": 126000}])
+    (tmp_path / "ft_llama1b_64k.log").write_text(
+        "step    6/6 | train loss 11.7 | (3421.18 ms | 19156 tok/s | peak used: 106036 MB | ...)\n"
+        "steps 6 | final train loss 11.7089 | 19080 tok/s | 3434.64 ms/step\n")
+    (tmp_path / "ft_llama1b_128k.log").write_text(
+        "step    4/4 | train loss nan | (14645.65 ms | 8950 tok/s | peak used: 51661 MB | ...)\n"
+        "steps 4 | final train loss nan | 8924 tok/s | 14686.6 ms/step\n")
+    report, _ = verdicts(str(tmp_path))
+    assert report["gpus"] == ["NVIDIA H200"]
+    rows = {r["row"]: r for r in report["long"]}
+    assert rows["llama1b_32k"]["trained"]
+    assert rows["llama1b_32k"]["ours"] == "35,559 tok/s, 63,417 MB"
+    assert rows["llama1b_32k"]["peer"] == "PyTorch eager: out of memory (126,000 MB allocated)"
+    assert rows["llama1b_64k"]["trained"]
+    assert rows["llama1b_64k"]["ours"] == "19,080 tok/s, 106,036 MB"
+    assert not rows["llama1b_128k"]["trained"]
+    table = run(str(tmp_path)).stdout
+    assert "| 17 | llama1b_128k | no summary (see the log) | - | **no** |" in table
+
+
+def test_bars_sh_checks_its_parts_before_running_any():
+    """bench/bars.sh: --help names every part; an unknown part stops it before any bench runs
+    (no GPU needed to get that far)."""
+    script = os.path.join(REPO, "bench", "bars.sh")
+    done = subprocess.run([script, "--help"], capture_output=True, text=True)
+    assert done.returncode == 0
+    for part in ("attention", "compile", "long"):
+        assert f"bench/bars.sh {part}" in done.stdout
+    done = subprocess.run([script, "attention", "nope"], capture_output=True, text=True)
+    assert done.returncode == 2 and "unknown part 'nope'" in done.stderr
+    assert "== part" not in done.stdout
+    done = subprocess.run([script], capture_output=True, text=True)
+    assert done.returncode == 2 and "bench/bars.sh attention" in done.stderr
