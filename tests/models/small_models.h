@@ -1,13 +1,15 @@
 // Shared pieces of the model tests that train small models: the presets cut down to two layers,
-// random tokens, and a fixed document layout with padding.
+// random tokens, a fixed document layout with padding, an AdamW step and a run's trace.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "models/transformer.h"
+#include "nn/adamw.h"
 
 namespace ft::models::testing {
 
@@ -45,5 +47,24 @@ inline Tensor two_rows_of_documents() {
   }
   return ids;
 }
+
+// One AdamW update of every parameter at learning rate `lr` (moments allocated on the first
+// step, where the gradients are).
+inline void adamw_step(Transformer& m, int64_t step, double lr) {
+  const nn::AdamWConfig cfg;
+  for (Parameter& p : m.parameters()) {
+    if (!p.m.defined()) p.m = Tensor::zeros(p.shape(), p.master_dtype(), p.grad.device());
+    if (!p.v.defined()) p.v = Tensor::zeros(p.shape(), p.master_dtype(), p.grad.device());
+    Tensor master = p.master_weights();
+    nn::adamw_update(master, p.grad, p.m, p.v, lr, cfg, step, 1.0, p.decay);
+    p.set_master_weights(master);
+  }
+}
+
+// A training run's losses and, after each step's backward, the flat gradient buffer.
+struct Trace {
+  std::vector<double> losses;
+  std::vector<Tensor> grads;
+};
 
 }  // namespace ft::models::testing

@@ -11,7 +11,6 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "models/transformer.h"
-#include "nn/adamw.h"
 #include "small_models.h"
 #include "tensor_test_util.h"
 
@@ -19,6 +18,8 @@ namespace ft::models {
 namespace {
 
 using test::same_bits;
+using testing::adamw_step;
+using testing::Trace;
 
 constexpr int64_t kBatch = 2, kSeq = 16, kRows = kBatch * kSeq;
 // The whole batch, chunks that divide it, one that leaves a short last chunk, single rows.
@@ -34,21 +35,7 @@ Tensor random_tokens(int64_t vocab, Rng& rng) {
 
 // A learning rate at which the runs stay stable: at 1e-3, llama3-tiny's memorising run has its
 // gradients grow tenfold from step 33 on, which amplifies rounding differences to ~4e-6.
-void adamw_step(Transformer& m, int64_t step) {
-  const nn::AdamWConfig cfg;
-  for (Parameter& p : m.parameters()) {
-    if (!p.m.defined()) p.m = Tensor::zeros(p.shape(), p.master_dtype());
-    if (!p.v.defined()) p.v = Tensor::zeros(p.shape(), p.master_dtype());
-    Tensor master = p.master_weights();
-    nn::adamw_update(master, p.grad, p.m, p.v, 3e-4, cfg, step, 1.0, p.decay);
-    p.set_master_weights(master);
-  }
-}
-
-struct Trace {
-  std::vector<double> losses;
-  std::vector<Tensor> grads;  // the flat gradient buffer after each step
-};
+constexpr double kLr = 3e-4;
 
 // `steps` training steps of two micro-batches each (the second accumulates onto the first's
 // gradients, the head's included); fused: forward_train() instead of forward(). Fresh random
@@ -72,7 +59,7 @@ Trace train_steps(const ModelConfig& config, DType dtype, int64_t chunk, bool fu
     }
     trace.losses.push_back(loss);
     trace.grads.push_back(model.flat_grads().clone());
-    adamw_step(model, step);
+    adamw_step(model, step, kLr);
   }
   return trace;
 }

@@ -16,7 +16,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "models/transformer.h"
-#include "nn/adamw.h"
+#include "small_models.h"
 #include "test_util.h"
 #include "train/documents.h"
 #include "train/run_log.h"
@@ -25,6 +25,9 @@
 
 namespace ft::models {
 namespace {
+
+using testing::adamw_step;
+using testing::random_tokens;
 
 bool gpu_ready(std::string& why) {
 #ifndef FLASHTRAIN_WITH_CUDA
@@ -57,23 +60,7 @@ ModelConfig small(const std::string& name, int64_t head_dim = 16) {
   return apply_overrides(preset(name), o);
 }
 
-Tensor random_tokens(int64_t B, int64_t T, int64_t vocab, Rng& rng) {
-  Tensor t = Tensor::empty({B, T}, DType::i32);
-  for (int64_t i = 0; i < t.numel(); ++i)
-    t.data<int32_t>()[i] = static_cast<int32_t>(rng.next_u64() % static_cast<uint64_t>(vocab));
-  return t;
-}
-
-void adamw_step(Transformer& m, int64_t step) {
-  nn::AdamWConfig cfg;
-  for (Parameter& p : m.parameters()) {
-    if (!p.m.defined()) p.m = Tensor::zeros(p.shape(), p.master_dtype(), p.grad.device());
-    if (!p.v.defined()) p.v = Tensor::zeros(p.shape(), p.master_dtype(), p.grad.device());
-    Tensor master = p.master_weights();
-    nn::adamw_update(master, p.grad, p.m, p.v, 1e-3, cfg, step, 1.0, p.decay);
-    p.set_master_weights(master);
-  }
-}
+constexpr double kLr = 1e-3;
 
 // {model, dtype, GPU attention}: the GPU model (naive or flash attention) against the CPU model
 // with naive attention.
@@ -117,8 +104,8 @@ TEST_P(CudaTraining, StepsMatchTheCpu) {
       EXPECT_LT(relative_error(g_gpu, g_cpu), step == 1 ? grad_tol : 10 * grad_tol)
           << name << " " << dtype_name_ << " step " << step << " " << cpu.parameters()[i].name;
     }
-    adamw_step(cpu, step);
-    adamw_step(gpu, step);
+    adamw_step(cpu, step, kLr);
+    adamw_step(gpu, step, kLr);
   }
 }
 

@@ -17,6 +17,7 @@ namespace ft::models {
 namespace {
 
 using test::same_bits;
+using testing::Trace;
 
 constexpr int64_t kBatch = 2, kSeq = 16;
 
@@ -32,11 +33,6 @@ Tensor random_tokens(int64_t vocab, Rng& rng) {
 Tensor segment_ids() {
   return testing::two_rows_of_documents();
 }
-
-struct Trace {
-  std::vector<double> losses;
-  std::vector<Tensor> grads;  // the flat gradient buffer of each step
-};
 
 // Three steps of two micro-batches with plain SGD between them, so that later steps see other
 // weights.

@@ -12,7 +12,6 @@
 #include "core/rng.h"
 #include "models/step_profile.h"
 #include "models/transformer.h"
-#include "nn/adamw.h"
 #include "small_models.h"
 #include "tensor_test_util.h"
 
@@ -20,6 +19,8 @@ namespace ft::models {
 namespace {
 
 using test::same_bits;
+using testing::adamw_step;
+using testing::Trace;
 
 constexpr int64_t kBatch = 2, kSeq = 16;
 constexpr Recompute kSavingModes[] = {Recompute::attention, Recompute::mlp, Recompute::block,
@@ -48,23 +49,6 @@ struct Masking {
 constexpr Masking kMaskings[] = {
     {"causal", false, 0, 0}, {"documents", true, 0, 0}, {"window", false, 5, 2}};
 
-void adamw_step(Transformer& m, int64_t step) {
-  const nn::AdamWConfig cfg;
-  for (Parameter& p : m.parameters()) {
-    if (!p.m.defined()) p.m = Tensor::zeros(p.shape(), p.master_dtype());
-    if (!p.v.defined()) p.v = Tensor::zeros(p.shape(), p.master_dtype());
-    Tensor master = p.master_weights();
-    nn::adamw_update(master, p.grad, p.m, p.v, 1e-2, cfg, step, 1.0, p.decay);
-    p.set_master_weights(master);
-  }
-}
-
-// A training run's losses and, after each step's backward, every parameter gradient.
-struct Trace {
-  std::vector<double> losses;
-  std::vector<Tensor> grads;  // the flat gradient buffer of each step
-};
-
 Trace train_steps(const ModelConfig& config, DType dtype, AttentionSettings settings,
                   Recompute mode, const Masking& masking) {
   settings.window = masking.window;
@@ -87,7 +71,7 @@ Trace train_steps(const ModelConfig& config, DType dtype, AttentionSettings sett
     }
     trace.losses.push_back(loss);
     trace.grads.push_back(model.flat_grads().clone());
-    adamw_step(model, step);
+    adamw_step(model, step, 1e-2);
   }
   return trace;
 }
