@@ -94,6 +94,23 @@ _STEP_PEAK = re.compile(r"^step .*peak used: ([0-9.]+) MB")
 _PEAK = re.compile(r"peak used ([0-9.]+) MB over the run, ([0-9.]+) MB over the timed steps")
 
 
+def read_train_log(path):
+    """flashtrain train's log: (tok/s, final loss, the run's peak MB, the timed steps' peak MB),
+    None where the log has no such line (older logs print the peak only on each step's line)."""
+    tok = loss = run_peak = timed_peak = None
+    with open(path) as f:
+        for line in f:
+            if (m := _STEPS.match(line)):
+                tok = float(m.group(1))
+            if (m := _LOSS.match(line)):
+                loss = float(m.group(1))
+            if (m := _PEAK.search(line)):
+                run_peak, timed_peak = float(m.group(1)), float(m.group(2))
+            elif (m := _STEP_PEAK.match(line)):
+                run_peak = max(run_peak or 0.0, float(m.group(1)))
+    return tok, loss, run_peak, timed_peak
+
+
 def train_rows(dirs):
     """{row: (ours tok/s, ours timed peak MB, peer tok/s, peer timed peak MB, GPU)}."""
     out = {}
@@ -101,13 +118,7 @@ def train_rows(dirs):
         for log in glob.glob(os.path.join(d, "ft_*.log")):
             name = os.path.basename(log)[3:-4]
             peer_path = os.path.join(d, f"torch_{name}.json")
-            tok = peak = None
-            with open(log) as f:
-                for line in f:
-                    if (m := _STEPS.match(line)):
-                        tok = float(m.group(1))
-                    if (m := _PEAK.search(line)):
-                        peak = float(m.group(2))
+            tok, _, _, peak = read_train_log(log)
             peer = None
             if os.path.exists(peer_path):
                 peer = next((r for r in read_rows([peer_path])[0] if "tok_per_s" in r), None)
@@ -134,15 +145,7 @@ def long_rows(dirs):
             log = os.path.join(d, f"ft_{name}.log")
             if not os.path.exists(log):
                 continue
-            tok = peak = loss = None
-            with open(log) as f:
-                for line in f:
-                    if (m := _STEPS.match(line)):
-                        tok = float(m.group(1))
-                    if (m := _LOSS.match(line)):
-                        loss = float(m.group(1))
-                    if (m := _PEAK.search(line)) or (m := _STEP_PEAK.match(line)):
-                        peak = max(peak or 0.0, float(m.group(1)))
+            tok, loss, peak, _ = read_train_log(log)
             trained = tok is not None and loss is not None and math.isfinite(loss)
             row = {"issue": issue, "row": name, "trained": trained,
                    "ours": (f"{tok:,.0f} tok/s" + (f", {peak:,.0f} MB" if peak else "")
