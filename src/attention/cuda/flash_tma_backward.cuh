@@ -42,6 +42,7 @@
 #include "attention/cuda/backward_step.cuh"
 #include "attention/cuda/flash_bf16.cuh"
 #include "attention/cuda/hopper.cuh"
+#include "attention/cuda/tensor_map.h"
 #include "attention/fragment_layout.h"
 #include "attention/tma_plans.h"
 
@@ -50,16 +51,6 @@ namespace ft::attention::cuda {
 void add_tma_backward_d64(Bf16Kernels& k);
 void add_tma_backward_d128(Bf16Kernels& k);
 void add_tma_backward_d256(Bf16Kernels& k);
-
-// A 4-d tensor map over the [B, S, H, D] bf16 tensor (flash_tma_forward.cuh's, tensor_map.cu).
-CUtensorMap head_tensor_map(const void* base, int batch, int seq_len, int heads, int head_dim,
-                            int64_t row_elems, int box_rows);
-// A 4-d tensor map over a [B, S, H, D] fp32 tensor (the dQ buffer) whose boxes are 32 columns x
-// 64 rows of one head, swizzled by 128 bytes (tensor_map.cu).
-CUtensorMap dq_tensor_map(float* base, int batch, int seq_len, int heads, int head_dim);
-// Multiprocessors and L2 bytes of the current device (tensor_map.cu).
-int sm_count();
-int64_t l2_bytes();
 
 namespace tma_bwd_detail {
 

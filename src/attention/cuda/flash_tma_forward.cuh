@@ -36,6 +36,7 @@
 
 #include "attention/cuda/flash_bf16.cuh"
 #include "attention/cuda/hopper.cuh"
+#include "attention/cuda/tensor_map.h"
 #include "attention/tile_order.h"
 #include "attention/tma_plans.h"
 
@@ -44,18 +45,6 @@ namespace ft::attention::cuda {
 void add_tma_forward_d64(Bf16Kernels& k);
 void add_tma_forward_d128(Bf16Kernels& k);
 void add_tma_forward_d256(Bf16Kernels& k);
-
-// A 4-d tensor map over a [B, S, H, D] bf16 tensor whose positions are `row_elems` elements
-// apart (H * D when dense; more inside a fused QKV buffer): boxes of 64 columns x `box_rows` rows
-// of one head, swizzled by 128 bytes (tensor_map.cu).
-CUtensorMap head_tensor_map(const void* base, int batch, int seq_len, int heads, int head_dim,
-                            int64_t row_elems, int box_rows);
-// Multiprocessors of the current device (tensor_map.cu).
-int sm_count();
-// The two counters of the claimed work tiles (TmaForwardArgs::claims) for the stream the launch
-// will run on, at zero; null where the launch deals by TileOrder instead: FT_TMA_DEAL=static, or a
-// capture on a stream that has none yet (tensor_map.cu).
-int* tma_forward_claims();
 
 namespace tma_detail {
 

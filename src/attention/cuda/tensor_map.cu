@@ -12,8 +12,7 @@
 #include <map>
 #include <mutex>
 
-#include "attention/cuda/flash_tma_backward.cuh"
-#include "attention/cuda/flash_tma_forward.cuh"
+#include "attention/cuda/tensor_map.h"
 #include "core/cuda/check.h"
 #include "core/cuda/graph.h"
 #include "core/tensor.h"
