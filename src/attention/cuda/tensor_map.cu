@@ -1,8 +1,8 @@
 // Host side of the TMA kernels: tensor maps over [B, S, H, D] tensors (bf16 tiles, dense or
 // inside a fused QKV buffer, and the fp32 dQ buffer that the backward reduces into), encoded
 // through the driver's cuTensorMapEncodeTiled (reached through the runtime, so nothing links
-// libcuda), the device's multiprocessor count for persistent grids, and the tma forward's
-// work-tile counters (one pair per device and stream).
+// libcuda), the device's multiprocessor count for persistent grids and its L2 bytes, and the tma
+// forward's work-tile counters (one pair per device and stream). Declared in tensor_map.h.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
