@@ -771,7 +771,7 @@ constexpr DefaultRow kDefaults[] = {
     {"sm90", 64, MaskClass::dense, kLongSeqLen, 0, "fwd=192x128/512/tma/s2/pp bwd=128x128/384/tma"},
     {"sm90", 64, MaskClass::dense, 0, kShortSeqLen, "fwd=64x64/256/tma bwd=128x128/384/tma"},
     {"sm90", 64, MaskClass::dense, 0, 0, "fwd=128x128/384/tma/s2/pp bwd=128x128/384/tma"},
-    {"sm90", 128, MaskClass::dense, 0, 0, "fwd=128x128/384/tma/s2/pp bwd=64x128/384/tma"},
+    {"sm90", 128, MaskClass::dense, 0, 0, "fwd=128x128/384/tma/s2/nopp bwd=64x128/384/tma"},
     {"sm90", 256, MaskClass::dense, 0, 0, "fwd=128x80/384/tma/s2/pp bwd=64x64/384/tma"},
     {"sm90", 64, MaskClass::local, kLongSeqLen, 0, "fwd=192x128/512/tma/s2/pp bwd=64x128/384/tma"},
     {"sm90", 64, MaskClass::local, 0, kShortSeqLen, "fwd=64x64/128/wgmma bwd=64x128/384/tma"},

@@ -537,7 +537,7 @@ TEST(KernelConfig, DefaultsDependOnTheMaskClass) {
   const DeviceLimits sm90 = DeviceLimits::for_arch("sm90");
   Problem p = bf16_problem(128);
   EXPECT_EQ(mask_class_of(p.mask), MaskClass::dense);
-  EXPECT_EQ(default_config(sm90, p).str(), "fwd=128x128/384/tma/s2/pp bwd=64x128/384/tma");
+  EXPECT_EQ(default_config(sm90, p).str(), "fwd=128x128/384/tma/s2/nopp bwd=64x128/384/tma");
   EXPECT_EQ(default_config(sm90, 64, MaskClass::dense).str(),
             "fwd=128x128/384/tma/s2/pp bwd=128x128/384/tma");
   EXPECT_EQ(default_config(sm90, 256, MaskClass::dense).str(),

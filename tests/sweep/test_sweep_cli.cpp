@@ -50,7 +50,7 @@ TEST(SweepCli, DryRunSm90ListsEveryCandidateWithVerdicts) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("dry run for sm90 (232448 B"), std::string::npos) << r.output;
   EXPECT_NE(
-      r.output.find("base config (the default): fwd=128x128/384/tma/s2/pp bwd=64x128/384/tma"),
+      r.output.find("base config (the default): fwd=128x128/384/tma/s2/nopp bwd=64x128/384/tma"),
       std::string::npos);
   // A tma backward base is checked against the wgmma 64x64 backward.
   EXPECT_NE(r.output.find("reference row: fwd=64x64/128 bwd=64x64/128/wgmma"), std::string::npos);
