@@ -206,13 +206,13 @@ TEST(SweepCandidates, EveryTmaBackwardPlanOfTheHeadDimOnce) {
 TEST(SweepCandidates, RefusalsCarryCanImplementsReasons) {
   const std::vector<Candidate> sm90 =
       candidates_for("sm90", SweepAxis::both, attention::all_backward_paths());
-  const Candidate* warps = find(sm90, "fwd=128x128/384/tma/s2/pp bwd=64x64/256/double");
+  const Candidate* warps = find(sm90, "fwd=128x128/384/tma/s2/nopp bwd=64x64/256/double");
   ASSERT_NE(warps, nullptr);
   EXPECT_NE(warps->refused.find("warps must split"), std::string::npos) << warps->refused;
-  const Candidate* smem = find(sm90, "fwd=128x128/384/tma/s2/pp bwd=256x64/128/double");
+  const Candidate* smem = find(sm90, "fwd=128x128/384/tma/s2/nopp bwd=256x64/128/double");
   ASSERT_NE(smem, nullptr);
   EXPECT_NE(smem->refused.find("shared memory"), std::string::npos) << smem->refused;
-  const Candidate* single = find(sm90, "fwd=128x128/384/tma/s2/pp bwd=256x64/128/single");
+  const Candidate* single = find(sm90, "fwd=128x128/384/tma/s2/nopp bwd=256x64/128/single");
   ASSERT_NE(single, nullptr);
   EXPECT_EQ(single->refused.find("shared memory"), std::string::npos) << single->refused;
 
