@@ -6,19 +6,22 @@
 #   LIMIT=560 scripts/gpu_call.sh claims attention-tests sanitizer check bars:attention
 #   LIMIT=560 scripts/gpu_call.sh bars:compile study:gpt2
 #
-# Steps:
-#   claims           test_attention's tma forward claims tests (a hang costs a minute)
-#   attention-tests  STEPS=tests scripts/gpu_attention.sh (flash, naive, kernel configurations)
-#   sanitizer        STEPS=sanitizer scripts/gpu_attention.sh (memcheck, racecheck, synccheck)
-#   check            scripts/gpu_check.sh over every test binary but test_attention
+# Steps (and how long each took on an H100, 2026-12-08, for planning a call):
+#   claims           test_attention's tma forward claims tests (4 s)
+#   attention-tests  STEPS=tests scripts/gpu_attention.sh: flash, naive, kernel configs (162 s)
+#   sanitizer        STEPS=sanitizer scripts/gpu_attention.sh: memcheck, racecheck and
+#                    synccheck (170 s, 150 of it racecheck)
+#   check            scripts/gpu_check.sh over every test binary but test_attention (330 s:
+#                    test_apps 132, test_train 84, test_sweep 65)
 #   bars:PART        bench/bars.sh PART (attention, compile or long)
-#   study:PART       scripts/gpu_study.sh PART (gpt2, llama3-1b_bf16, ...)
+#   study:PART       scripts/gpu_study.sh PART (gpt2 120 s, llama3-1b_bf16 145 s)
 #
 # LIMIT (seconds, default 575) is the call's length: each step runs under a timeout of the time
-# left, and a step is skipped when less than its minimum is left (MIN_SECONDS, default 60), so
-# that what ran before it still comes back under $OUT (default ./gpu-out). Each step's output
-# goes to $OUT/<step>.txt and its last lines to stdout. Exits non-zero when a step failed, ran
-# out of time or was skipped.
+# left (and so does each binary or tool inside it), and a step is skipped when less than
+# MIN_SECONDS (default 60) is left, so that what ran before it still comes back under $OUT
+# (default ./gpu-out). Each step's output goes to $OUT/<step>.txt and its last lines
+# (TAIL_LINES, default 25) to stdout. Exits non-zero when a step failed, ran out of time or was
+# skipped.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 usage() {  # the comment above; on stderr unless asked for
@@ -65,19 +68,18 @@ for step in "$@"; do
       OUT="$out/attention" STEPS=tests STEP_TIMEOUT="$left" scripts/gpu_attention.sh >"$log" 2>&1
       ;;
     sanitizer)
-      # Three tools, each under its own timeout: a third of what is left each.
-      OUT="$out/attention" STEPS=sanitizer STEP_TIMEOUT=$((left / 3)) scripts/gpu_attention.sh \
-        >"$log" 2>&1
+      OUT="$out/attention" STEPS=sanitizer STEP_TIMEOUT="$left" timeout "$left" \
+        scripts/gpu_attention.sh >"$log" 2>&1
       ;;
     check)
       OUT="$out/check" GPU_TESTS="test_core test_nn test_models test_train test_apps test_dist \
-test_sweep" TEST_TIMEOUT=$((left / 4)) timeout "$left" scripts/gpu_check.sh >"$log" 2>&1
+test_sweep" TEST_TIMEOUT="$left" timeout "$left" scripts/gpu_check.sh >"$log" 2>&1
       ;;
     bars:*)
       OUT="$out/bars" timeout "$left" bench/bars.sh "${step#bars:}" >"$log" 2>&1
       ;;
     study:*)
-      OUT="$out" CASE_TIMEOUT=$((left / 2)) timeout "$left" scripts/gpu_study.sh "${step#study:}" \
+      OUT="$out" CASE_TIMEOUT="$left" timeout "$left" scripts/gpu_study.sh "${step#study:}" \
         >"$log" 2>&1
       ;;
   esac
